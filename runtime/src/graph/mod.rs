@@ -1,0 +1,36 @@
+//! The graph layer: what `#[derive(TrainingGraph)]` generates code against.
+//!
+//! A captured CUDA graph freezes every device address its kernels were launched
+//! with. If any allocation a captured step touches is freed or moved, a replay
+//! silently reads and writes memory that now belongs to someone else. This module
+//! holds the pieces that make that impossible to miss:
+//!
+//! * [`DevicePtrs`] lists every allocation inside a buffer, composite or not;
+//! * [`PtrSnapshot`] records those addresses at capture and compares them on every
+//!   replay, before anything is launched;
+//! * [`Backend`] is the capture/launch interface the generated code drives; the
+//!   CUDA context implements it, and [`testing::FakeBackend`] implements it on the
+//!   host so the generated guard tests run without a GPU;
+//! * [`GraphError`] is what a refused capture or replay returns.
+
+mod backend;
+mod error;
+mod ptrs;
+pub mod testing;
+
+pub use backend::{Backend, MovePolicy, OpError, Replayed, ShapeKey, StepInfo};
+pub use error::{CaptureViolation, GraphError};
+pub use ptrs::{DevicePtr, DevicePtrs, PtrSnapshot, ScratchPtrs, TensorPath};
+pub use stepgraph_spec::{Access, Precision, Role};
+
+/// Compile-time proof that a step struct's field has the type its spec declares.
+///
+/// The derive emits a bound `FieldType: SameType<SpecType>` per buffer; it holds
+/// only when both name the same type.
+#[diagnostic::on_unimplemented(
+    message = "the step struct's field has type `{Self}`, but the spec declares `{T}`",
+    label = "does not match the spec's `ty`"
+)]
+pub trait SameType<T: ?Sized> {}
+
+impl<T: ?Sized> SameType<T> for T {}

@@ -1,0 +1,20 @@
+//! stepgraph: whole Mamba-3 training steps captured into one CUDA graph.
+//!
+//! A step is declared once, as data, in a RON spec (`specs/*.ron`). The
+//! [`TrainingGraph`] derive reads that spec at compile time and generates the
+//! borrow structs, pointer snapshots and replay guards that hand-written
+//! CUDA-graph trainers repeat and get wrong. This crate is the runtime those
+//! generated items call into:
+//!
+//! * [`graph`]: the backend trait, pointer snapshots, guards and their errors;
+//! * [`mamba3`]: the Mamba-3 SISO language model (CPU float64 oracle first);
+//! * [`optim`]: AdamW with torch semantics.
+//!
+//! The `stepgraph` binary wraps all of it: `train`, `eval`, `bench`, `check`.
+
+// The derive emits `::stepgraph::...` paths; this lets the crate use its own derive.
+extern crate self as stepgraph;
+
+pub mod graph;
+
+// pub use stepgraph_macros::{DevicePtrs, TrainingGraph};
