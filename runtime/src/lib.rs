@@ -17,4 +17,4 @@ extern crate self as stepgraph;
 
 pub mod graph;
 
-// pub use stepgraph_macros::{DevicePtrs, TrainingGraph};
+pub use stepgraph_macros::{DevicePtrs, TrainingGraph};

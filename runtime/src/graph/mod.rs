@@ -18,7 +18,7 @@ mod error;
 mod ptrs;
 pub mod testing;
 
-pub use backend::{Backend, MovePolicy, OpError, Replayed, ShapeKey, StepInfo};
+pub use backend::{Backend, BufferInfo, MovePolicy, OpError, OpInfo, Replayed, ShapeKey, StepInfo};
 pub use error::{CaptureViolation, GraphError};
 pub use ptrs::{DevicePtr, DevicePtrs, PtrSnapshot, ScratchPtrs, TensorPath};
 pub use stepgraph_spec::{Access, Precision, Role};

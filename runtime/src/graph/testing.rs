@@ -217,7 +217,8 @@ impl FakePtrs {
     /// `count` allocations of 1 KiB each, named `t0`, `t1`, ... (a single
     /// allocation is unnamed, like a plain device buffer), at addresses
     /// derived from `seed` so no two fake buffers overlap.
-    pub fn new(seed: u64, count: usize) -> Self {
+    pub fn new(seed: usize, count: usize) -> Self {
+        let seed = u64::try_from(seed).unwrap_or(u64::MAX);
         let base = 0x1000_0000_0000u64.wrapping_add(seed.wrapping_mul(0x10_0000));
         let tensors = (0..count)
             .map(|i| {
