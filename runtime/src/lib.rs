@@ -16,5 +16,7 @@
 extern crate self as stepgraph;
 
 pub mod graph;
+pub mod mamba3;
+pub mod optim;
 
 pub use stepgraph_macros::{DevicePtrs, TrainingGraph};

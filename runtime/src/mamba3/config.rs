@@ -199,7 +199,10 @@ impl Mamba3Config {
         if self.d_state % 2 != 0 {
             return Err(ConfigError::invalid(
                 "ssm_cfg.d_state",
-                format!("must be even (rotation acts on pairs), got {}", self.d_state),
+                format!(
+                    "must be even (rotation acts on pairs), got {}",
+                    self.d_state
+                ),
             ));
         }
         if self.num_rope_angles() == 0 {
@@ -215,7 +218,10 @@ impl Mamba3Config {
         ];
         for (field, v) in finite_pos {
             if !(v.is_finite() && v > 0.0) {
-                return Err(ConfigError::invalid(field, format!("must be finite and > 0, got {v}")));
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("must be finite and > 0, got {v}"),
+                ));
             }
         }
         if self.dt_max < self.dt_min {
@@ -229,7 +235,10 @@ impl Mamba3Config {
             ("ssm_cfg.A_floor", self.a_floor),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(ConfigError::invalid(field, format!("must be finite and >= 0, got {v}")));
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("must be finite and >= 0, got {v}"),
+                ));
             }
         }
         self.padded_vocab_size_checked()?;
@@ -265,7 +274,10 @@ impl Mamba3Config {
 
     /// Output width of `in_proj`: `[z, x, B, C, dd_dt, dd_A, trap, angles]`.
     pub fn d_in_proj(&self) -> usize {
-        2 * self.d_inner() + 2 * self.ngroups * self.d_state + 3 * self.nheads() + self.num_rope_angles()
+        2 * self.d_inner()
+            + 2 * self.ngroups * self.d_state
+            + 3 * self.nheads()
+            + self.num_rope_angles()
     }
 
     /// Embedding / LM-head rows: `vocab_size` rounded up to the padding multiple.

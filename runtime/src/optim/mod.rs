@@ -1,1 +1,1 @@
-//! x
+//! Optimisers.

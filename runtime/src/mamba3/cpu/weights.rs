@@ -63,8 +63,8 @@ pub struct LayerWeights<T> {
     pub c_norm: Vec<T>,
     /// `mixer.D` `[nheads]`.
     pub d: Vec<T>,
-    /// `mixer.norm.weight` `[d_inner]`; empty unless `is_outproj_norm`.
-    pub out_norm: Vec<T>,
+    /// `mixer.norm.weight` `[d_inner]`; present only with `is_outproj_norm`.
+    pub out_norm: Option<Vec<T>>,
     /// `mixer.out_proj.weight` `[d_model, d_inner]`.
     pub out_proj: Vec<T>,
 }
@@ -101,17 +101,41 @@ pub fn param_specs(cfg: &Mamba3Config) -> Vec<ParamSpec> {
     for i in 0..cfg.n_layer {
         let p = format!("backbone.layers.{i}");
         let m = format!("{p}.mixer");
-        specs.push(ParamSpec::new(format!("{p}.norm.weight"), vec![d], ParamKind::Vector));
+        specs.push(ParamSpec::new(
+            format!("{p}.norm.weight"),
+            vec![d],
+            ParamKind::Vector,
+        ));
         specs.push(ParamSpec::new(
             format!("{m}.in_proj.weight"),
             vec![cfg.d_in_proj(), d],
             ParamKind::Matrix,
         ));
-        specs.push(ParamSpec::new(format!("{m}.dt_bias"), vec![h], ParamKind::Vector));
-        specs.push(ParamSpec::new(format!("{m}.B_bias"), vec![h, 1, n], ParamKind::Vector));
-        specs.push(ParamSpec::new(format!("{m}.C_bias"), vec![h, 1, n], ParamKind::Vector));
-        specs.push(ParamSpec::new(format!("{m}.B_norm.weight"), vec![n], ParamKind::Vector));
-        specs.push(ParamSpec::new(format!("{m}.C_norm.weight"), vec![n], ParamKind::Vector));
+        specs.push(ParamSpec::new(
+            format!("{m}.dt_bias"),
+            vec![h],
+            ParamKind::Vector,
+        ));
+        specs.push(ParamSpec::new(
+            format!("{m}.B_bias"),
+            vec![h, 1, n],
+            ParamKind::Vector,
+        ));
+        specs.push(ParamSpec::new(
+            format!("{m}.C_bias"),
+            vec![h, 1, n],
+            ParamKind::Vector,
+        ));
+        specs.push(ParamSpec::new(
+            format!("{m}.B_norm.weight"),
+            vec![n],
+            ParamKind::Vector,
+        ));
+        specs.push(ParamSpec::new(
+            format!("{m}.C_norm.weight"),
+            vec![n],
+            ParamKind::Vector,
+        ));
         specs.push(ParamSpec::new(format!("{m}.D"), vec![h], ParamKind::Vector));
         if cfg.is_outproj_norm {
             specs.push(ParamSpec::new(
@@ -126,9 +150,17 @@ pub fn param_specs(cfg: &Mamba3Config) -> Vec<ParamSpec> {
             ParamKind::Matrix,
         ));
     }
-    specs.push(ParamSpec::new("backbone.norm_f.weight".into(), vec![d], ParamKind::Vector));
+    specs.push(ParamSpec::new(
+        "backbone.norm_f.weight".into(),
+        vec![d],
+        ParamKind::Vector,
+    ));
     if !cfg.tie_embeddings {
-        specs.push(ParamSpec::new("lm_head.weight".into(), vec![v, d], ParamKind::Matrix));
+        specs.push(ParamSpec::new(
+            "lm_head.weight".into(),
+            vec![v, d],
+            ParamKind::Matrix,
+        ));
     }
     specs
 }
@@ -154,7 +186,7 @@ impl<T: Float> Weights<T> {
             b_norm: Vec::new(),
             c_norm: Vec::new(),
             d: Vec::new(),
-            out_norm: Vec::new(),
+            out_norm: cfg.is_outproj_norm.then(Vec::new),
             out_proj: Vec::new(),
         };
         Self {
@@ -195,7 +227,9 @@ impl<T: Float> Weights<T> {
             cfg.d_state,
             cfg.d_inner(),
         );
-        let embedding = (0..v * d).map(|_| T::from_f64(0.02 * normal(&mut rng))).collect();
+        let embedding = (0..v * d)
+            .map(|_| T::from_f64(0.02 * normal(&mut rng)))
+            .collect();
         let ones = |len: usize| vec![T::ONE; len];
         let mut layers = Vec::with_capacity(cfg.n_layer);
         let in_bound = 1.0 / f64::from_count(d).sqrt();
@@ -207,7 +241,9 @@ impl<T: Float> Weights<T> {
             let dt_bias = (0..h)
                 .map(|_| {
                     let u: f64 = rng.random();
-                    let dt = (u * (ln_max - ln_min) + ln_min).exp().max(cfg.dt_init_floor);
+                    let dt = (u * (ln_max - ln_min) + ln_min)
+                        .exp()
+                        .max(cfg.dt_init_floor);
                     // inverse softplus, written as the official code does
                     T::from_f64(dt + (-(-dt).exp_m1()).ln())
                 })
@@ -222,7 +258,7 @@ impl<T: Float> Weights<T> {
                 b_norm: ones(n),
                 c_norm: ones(n),
                 d: ones(h),
-                out_norm: if cfg.is_outproj_norm { ones(di) } else { Vec::new() },
+                out_norm: cfg.is_outproj_norm.then(|| ones(di)),
                 out_proj,
             });
         }
@@ -249,8 +285,8 @@ impl<T: Float> Weights<T> {
                 &l.c_norm,
                 &l.d,
             ]);
-            if !l.out_norm.is_empty() {
-                out.push(&l.out_norm);
+            if let Some(on) = &l.out_norm {
+                out.push(on);
             }
             out.push(&l.out_proj);
         }
@@ -265,7 +301,6 @@ impl<T: Float> Weights<T> {
     pub fn tensors_mut(&mut self) -> Vec<&mut Vec<T>> {
         let mut out: Vec<&mut Vec<T>> = vec![&mut self.embedding];
         for l in &mut self.layers {
-            let has_norm = !l.out_norm.is_empty();
             out.extend([
                 &mut l.norm,
                 &mut l.in_proj,
@@ -276,8 +311,8 @@ impl<T: Float> Weights<T> {
                 &mut l.c_norm,
                 &mut l.d,
             ]);
-            if has_norm {
-                out.push(&mut l.out_norm);
+            if let Some(on) = &mut l.out_norm {
+                out.push(on);
             }
             out.push(&mut l.out_proj);
         }
@@ -296,7 +331,11 @@ impl<T: Float> Weights<T> {
 
     /// The same values in another precision (rounded once).
     pub fn cast<U: Float>(&self) -> Weights<U> {
-        let conv = |v: &Vec<T>| v.iter().map(|x| U::from_f64(x.to_f64())).collect::<Vec<U>>();
+        let conv = |v: &Vec<T>| {
+            v.iter()
+                .map(|x| U::from_f64(x.to_f64()))
+                .collect::<Vec<U>>()
+        };
         Weights {
             embedding: conv(&self.embedding),
             layers: self
@@ -311,7 +350,7 @@ impl<T: Float> Weights<T> {
                     b_norm: conv(&l.b_norm),
                     c_norm: conv(&l.c_norm),
                     d: conv(&l.d),
-                    out_norm: conv(&l.out_norm),
+                    out_norm: l.out_norm.as_ref().map(conv),
                     out_proj: conv(&l.out_proj),
                 })
                 .collect(),
