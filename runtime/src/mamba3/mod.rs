@@ -12,5 +12,6 @@
 pub mod checkpoint;
 mod config;
 pub mod cpu;
+mod hf_config;
 
 pub use config::{ConfigError, InProjLayout, Mamba3Config, RopeFraction};
