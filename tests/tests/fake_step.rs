@@ -10,13 +10,24 @@ use stepgraph::graph::{GraphError, MovePolicy, Replayed, ShapeKey};
 mod ops {
     use super::*;
 
-    pub fn forward(ctx: &FakeBackend, _w: &FakePtrs, _t: &FakePtrs, _a: &mut FakePtrs, _l: &mut FakePtrs) -> Result<(), FakeError> {
+    pub fn forward(
+        ctx: &FakeBackend,
+        _w: &FakePtrs,
+        _t: &FakePtrs,
+        _a: &mut FakePtrs,
+        _l: &mut FakePtrs,
+    ) -> Result<(), FakeError> {
         ctx.record("forward");
         ctx.scratch("reduce_partials", 64)?;
         Ok(())
     }
 
-    pub fn update(ctx: &FakeBackend, _a: &FakePtrs, w: &mut FakePtrs, _m: &mut FakePtrs) -> Result<(), FakeError> {
+    pub fn update(
+        ctx: &FakeBackend,
+        _a: &FakePtrs,
+        w: &mut FakePtrs,
+        _m: &mut FakePtrs,
+    ) -> Result<(), FakeError> {
         ctx.record("update");
         if w.len() > 3 {
             // A buffer that grew is "reallocated" here, during capture.
@@ -49,7 +60,10 @@ fn step() -> Step {
     }
 }
 
-const SHAPE: ShapeKey = ShapeKey { batch: 2, seq_len: 8 };
+const SHAPE: ShapeKey = ShapeKey {
+    batch: 2,
+    seq_len: 8,
+};
 
 #[test]
 fn capture_records_the_ops_in_spec_order_and_replay_launches() {
@@ -77,12 +91,21 @@ fn a_moved_buffer_is_refused_by_name_and_nothing_launches() {
     s.adam.move_tensor(4);
     let err = g.replay(&ctx, s.replay_view()).unwrap_err();
     match &err {
-        GraphError::PointerMoved { step, buffer, tensor, .. } => {
+        GraphError::PointerMoved {
+            step,
+            buffer,
+            tensor,
+            ..
+        } => {
             assert_eq!((*step, *buffer, tensor.as_str()), ("Fake", "adam", "t4"));
         }
         other => panic!("expected PointerMoved, got {other:?}"),
     }
-    assert!(err.to_string().contains("buffer `adam` (tensor `t4`) moved since capture"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("buffer `adam` (tensor `t4`) moved since capture"),
+        "{err}"
+    );
     assert_eq!(ctx.launches(), 0);
 }
 
@@ -90,11 +113,20 @@ fn a_moved_buffer_is_refused_by_name_and_nothing_launches() {
 fn recapture_policy_captures_again_and_launches() {
     let ctx = FakeBackend::with_scratch(&["reduce_partials"], 256);
     let mut s = step();
-    let mut g = FakeGraph::capture(&ctx, s.capture_view(), SHAPE).unwrap().with_policy(MovePolicy::Recapture);
-    assert!(matches!(g.replay_or_recapture(&ctx, s.capture_view()).unwrap(), Replayed::Launched));
+    let mut g = FakeGraph::capture(&ctx, s.capture_view(), SHAPE)
+        .unwrap()
+        .with_policy(MovePolicy::Recapture);
+    assert!(matches!(
+        g.replay_or_recapture(&ctx, s.capture_view()).unwrap(),
+        Replayed::Launched
+    ));
     s.tokens.move_tensor(0);
     match g.replay_or_recapture(&ctx, s.capture_view()).unwrap() {
-        Replayed::Recaptured { reason: GraphError::PointerMoved { buffer: "tokens", .. } } => {}
+        Replayed::Recaptured {
+            reason: GraphError::PointerMoved {
+                buffer: "tokens", ..
+            },
+        } => {}
         other => panic!("expected a re-capture for tokens, got {other:?}"),
     }
     assert_eq!((ctx.launches(), ctx.uploads()), (2, 2));
@@ -108,7 +140,17 @@ fn default_policy_refuses_instead_of_recapturing() {
     let mut g = FakeGraph::capture(&ctx, s.capture_view(), SHAPE).unwrap();
     s.loss.resize_tensor(0, 4096);
     let err = g.replay_or_recapture(&ctx, s.capture_view()).unwrap_err();
-    assert!(matches!(err, GraphError::ShapeChanged { buffer: "loss", live_bytes: 4096, .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            GraphError::ShapeChanged {
+                buffer: "loss",
+                live_bytes: 4096,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert_eq!(ctx.launches(), 0);
 }
 
@@ -117,9 +159,15 @@ fn an_allocation_during_capture_is_a_violation_naming_the_op() {
     let ctx = FakeBackend::with_scratch(&["reduce_partials"], 256);
     let mut s = step();
     s.weights.push_tensor();
-    let err = FakeGraph::capture(&ctx, s.capture_view(), SHAPE).map(|_| ()).unwrap_err();
+    let err = FakeGraph::capture(&ctx, s.capture_view(), SHAPE)
+        .map(|_| ())
+        .unwrap_err();
     match err {
-        GraphError::CaptureViolation { step: "Fake", op: "ops::update", action } => assert_eq!(action, "allocate device memory"),
+        GraphError::CaptureViolation {
+            step: "Fake",
+            op: "ops::update",
+            action,
+        } => assert_eq!(action, "allocate device memory"),
         other => panic!("expected a capture violation in ops::update, got {other:?}"),
     }
     // The capture was ended, so the context works again.
@@ -134,8 +182,19 @@ fn scratch_growth_after_freezing_fails_the_op_instead_of_moving_memory() {
     // that op, because scratch is frozen before the capture opens.
     let ctx = FakeBackend::with_scratch(&["reduce_partials"], 32);
     let mut s = step();
-    let err = FakeGraph::capture(&ctx, s.capture_view(), SHAPE).map(|_| ()).unwrap_err();
-    assert!(matches!(err, GraphError::Op { op: "ops::forward", .. }), "{err:?}");
+    let err = FakeGraph::capture(&ctx, s.capture_view(), SHAPE)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::Op {
+                op: "ops::forward",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert!(!ctx.is_capturing());
 }
 
@@ -143,16 +202,35 @@ fn scratch_growth_after_freezing_fails_the_op_instead_of_moving_memory() {
 fn a_context_without_the_scratch_is_refused() {
     let ctx = FakeBackend::new();
     let mut s = step();
-    let err = FakeGraph::capture(&ctx, s.capture_view(), SHAPE).map(|_| ()).unwrap_err();
-    assert!(matches!(err, GraphError::UnknownScratch { name: "reduce_partials", .. }), "{err:?}");
+    let err = FakeGraph::capture(&ctx, s.capture_view(), SHAPE)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphError::UnknownScratch {
+                name: "reduce_partials",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
 fn step_info_mirrors_the_spec() {
     let info = Step::STEP;
     assert_eq!(info.name, "Fake");
-    assert_eq!(info.ops.iter().map(|o| o.path).collect::<Vec<_>>(), ["ops::forward", "ops::update"]);
-    let written: Vec<_> = info.buffers.iter().filter(|b| b.written).map(|b| b.name).collect();
+    assert_eq!(
+        info.ops.iter().map(|o| o.path).collect::<Vec<_>>(),
+        ["ops::forward", "ops::update"]
+    );
+    let written: Vec<_> = info
+        .buffers
+        .iter()
+        .filter(|b| b.written)
+        .map(|b| b.name)
+        .collect();
     assert_eq!(written, ["weights", "adam", "acts", "loss"]);
     assert_eq!(FakeGraph::<FakeBackend>::INFO.scratch, ["reduce_partials"]);
 }

@@ -30,13 +30,19 @@ impl GraphAttr {
                 } else if meta.path.is_ident("spec_inline") {
                     true
                 } else {
-                    return Err(meta.error("expected `spec = \"path/to/step.ron\"` or `spec_inline = \"...\"`"));
+                    return Err(meta.error(
+                        "expected `spec = \"path/to/step.ron\"` or `spec_inline = \"...\"`",
+                    ));
                 };
                 let lit: LitStr = meta.value()?.parse()?;
                 if source.is_some() {
                     return Err(syn::Error::new(lit.span(), "the spec is given twice"));
                 }
-                source = Some(if inline { SpecSource::Inline(lit) } else { SpecSource::Path(lit) });
+                source = Some(if inline {
+                    SpecSource::Inline(lit)
+                } else {
+                    SpecSource::Path(lit)
+                });
                 Ok(())
             })?;
         }

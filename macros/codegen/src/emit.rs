@@ -89,7 +89,12 @@ fn emit_views(m: &StepModel<'_>) -> TokenStream {
 
     let cap_fields = m.buffers.iter().map(|b| {
         let (f, ty) = (&b.ident, &b.ty);
-        let doc = format!("`{}` ({}, {}).", b.name, b.role.as_str(), if b.written { "written" } else { "read only" });
+        let doc = format!(
+            "`{}` ({}, {}).",
+            b.name,
+            b.role.as_str(),
+            if b.written { "written" } else { "read only" }
+        );
         if b.written {
             quote!(#[doc = #doc] pub #f: &'__sg mut #ty)
         } else {
@@ -101,25 +106,32 @@ fn emit_views(m: &StepModel<'_>) -> TokenStream {
         let doc = format!("`{}` ({}).", b.name, b.role.as_str());
         quote!(#[doc = #doc] pub #f: &'__sg #ty)
     });
+    // Spanned on the field's type, so a type mismatch points at the field.
     let cap_init = m.buffers.iter().map(|b| {
         let f = &b.ident;
+        let span = syn::spanned::Spanned::span(&b.field_ty);
         match (b.hold, b.written) {
-            (Hold::Owned, true) => quote!(#f: &mut self.#f),
-            (Hold::Owned, false) => quote!(#f: &self.#f),
-            (Hold::Exclusive, _) => quote!(#f: &mut *self.#f),
-            (Hold::Shared, _) => quote!(#f: &*self.#f),
+            (Hold::Owned, true) => quote_spanned!(span=> #f: &mut self.#f),
+            (Hold::Owned, false) => quote_spanned!(span=> #f: &self.#f),
+            (Hold::Exclusive, _) => quote_spanned!(span=> #f: &mut *self.#f),
+            (Hold::Shared, _) => quote_spanned!(span=> #f: &*self.#f),
         }
     });
     let rep_init = m.buffers.iter().map(|b| {
         let f = &b.ident;
+        let span = syn::spanned::Spanned::span(&b.field_ty);
         match b.hold {
-            Hold::Owned => quote!(#f: &self.#f),
-            Hold::Exclusive | Hold::Shared => quote!(#f: &*self.#f),
+            Hold::Owned => quote_spanned!(span=> #f: &self.#f),
+            Hold::Exclusive | Hold::Shared => quote_spanned!(span=> #f: &*self.#f),
         }
     });
     let reborrow = m.buffers.iter().map(|b| {
         let f = &b.ident;
-        if b.written { quote!(#f: &mut *self.#f) } else { quote!(#f: &*self.#f) }
+        if b.written {
+            quote!(#f: &mut *self.#f)
+        } else {
+            quote!(#f: &*self.#f)
+        }
     });
     let as_rep = m.buffers.iter().map(|b| {
         let f = &b.ident;
@@ -206,7 +218,9 @@ fn emit_views(m: &StepModel<'_>) -> TokenStream {
 
 fn emit_graph(m: &StepModel<'_>) -> TokenStream {
     let vis = &m.input.vis;
-    let (capture, replay, graph, name, ctx, info) = (&m.capture, &m.replay, &m.graph, &m.name, &m.context, &m.info);
+    let (capture, replay, graph, name, ctx, info) = (
+        &m.capture, &m.replay, &m.graph, &m.name, &m.context, &m.info,
+    );
     let snaps: Vec<Ident> = m.buffers.iter().map(|b| snap_ident(&b.name)).collect();
     let scratch_snaps: Vec<Ident> = m.scratch.iter().map(|s| scratch_snap_ident(s)).collect();
     let bufs: Vec<&Ident> = m.buffers.iter().map(|b| &b.ident).collect();
@@ -224,15 +238,22 @@ fn emit_graph(m: &StepModel<'_>) -> TokenStream {
     });
     // One guard per buffer and per scratch area: this list is what the
     // generated tests prove complete.
-    let guards = snaps.iter().zip(&bufs).map(|(s, b)| quote!(self.#s.verify(#name, #b)?;));
-    let scratch_guards = scratch_snaps.iter().zip(&scratch_names).map(|(s, n)| {
-        quote!(self.#s.verify(#name, &::stepgraph::graph::ScratchPtrs::new(ctx, #n))?;)
-    });
-    let ptr_params: Vec<TokenStream> =
-        bufs.iter().map(|b| quote!(#b: &dyn ::stepgraph::graph::DevicePtrs)).collect();
-    let take_bufs = snaps.iter().zip(&bufs).zip(&buf_names).map(|((s, b), n)| {
-        quote!(#s: ::stepgraph::graph::PtrSnapshot::take(#n, #b))
-    });
+    let guards = snaps
+        .iter()
+        .zip(&bufs)
+        .map(|(s, b)| quote!(self.#s.verify(#name, #b)?;));
+    let scratch_guards = scratch_snaps.iter().zip(&scratch_names).map(
+        |(s, n)| quote!(self.#s.verify(#name, &::stepgraph::graph::ScratchPtrs::new(ctx, #n))?;),
+    );
+    let ptr_params: Vec<TokenStream> = bufs
+        .iter()
+        .map(|b| quote!(#b: &dyn ::stepgraph::graph::DevicePtrs))
+        .collect();
+    let take_bufs = snaps
+        .iter()
+        .zip(&bufs)
+        .zip(&buf_names)
+        .map(|((s, b), n)| quote!(#s: ::stepgraph::graph::PtrSnapshot::take(#n, #b)));
     let take_scratch = scratch_snaps.iter().zip(&scratch_names).zip(&scratch_labels).map(|((s, n), l)| {
         quote!(#s: ::stepgraph::graph::PtrSnapshot::take(#l, &::stepgraph::graph::ScratchPtrs::new(ctx, #n)))
     });

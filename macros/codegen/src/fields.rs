@@ -105,7 +105,11 @@ fn is_skipped(field: &syn::Field) -> syn::Result<bool> {
     Ok(skip)
 }
 
-pub(crate) fn match_struct<'a>(input: &'a DeriveInput, attr: &GraphAttr, spec: &Spec) -> syn::Result<StepModel<'a>> {
+pub(crate) fn match_struct<'a>(
+    input: &'a DeriveInput,
+    attr: &GraphAttr,
+    spec: &Spec,
+) -> syn::Result<StepModel<'a>> {
     let at = attr.span();
     let mut errors: Vec<syn::Error> = Vec::new();
     let spec_err = |d: Diagnostic, span: Span| syn::Error::new(span, spec.render(&d));
@@ -128,10 +132,16 @@ pub(crate) fn match_struct<'a>(input: &'a DeriveInput, attr: &GraphAttr, spec: &
         }
     };
     if let Some(p) = input.generics.type_params().next() {
-        errors.push(syn::Error::new(p.span(), "step structs cannot have type parameters: the spec fixes every buffer type"));
+        errors.push(syn::Error::new(
+            p.span(),
+            "step structs cannot have type parameters: the spec fixes every buffer type",
+        ));
     }
     if let Some(p) = input.generics.const_params().next() {
-        errors.push(syn::Error::new(p.span(), "step structs cannot have const parameters"));
+        errors.push(syn::Error::new(
+            p.span(),
+            "step structs cannot have const parameters",
+        ));
     }
 
     let step = &spec.step;
@@ -140,7 +150,8 @@ pub(crate) fn match_struct<'a>(input: &'a DeriveInput, attr: &GraphAttr, spec: &
     let context: Option<Type> = respan(&step.context, at);
     if context.is_none() {
         errors.push(spec_err(
-            Diagnostic::new(format!("context `{}` is not a Rust type", step.context)).at(spec.context_span()),
+            Diagnostic::new(format!("context `{}` is not a Rust type", step.context))
+                .at(spec.context_span()),
             at,
         ));
     }
@@ -159,7 +170,11 @@ pub(crate) fn match_struct<'a>(input: &'a DeriveInput, attr: &GraphAttr, spec: &
         }
         let fname = id.to_string();
         if !step.buffers.iter().any(|b| b.name == fname) {
-            let known: Vec<_> = step.buffers.iter().map(|b| format!("`{}`", b.name)).collect();
+            let known: Vec<_> = step
+                .buffers
+                .iter()
+                .map(|b| format!("`{}`", b.name))
+                .collect();
             errors.push(syn::Error::new(
                 id.span(),
                 format!(
@@ -178,7 +193,11 @@ pub(crate) fn match_struct<'a>(input: &'a DeriveInput, attr: &GraphAttr, spec: &
         let ty: Option<Type> = respan(&b.ty, at);
         if ty.is_none() {
             errors.push(spec_err(
-                Diagnostic::new(format!("type `{}` of buffer `{}` is not a Rust type", b.ty, b.name)).at(spec.buffer_ty_span(i)),
+                Diagnostic::new(format!(
+                    "type `{}` of buffer `{}` is not a Rust type",
+                    b.ty, b.name
+                ))
+                .at(spec.buffer_ty_span(i)),
                 at,
             ));
         }
@@ -198,7 +217,11 @@ pub(crate) fn match_struct<'a>(input: &'a DeriveInput, attr: &GraphAttr, spec: &
             other => (Hold::Owned, other.clone()),
         };
         if hold == Hold::Shared && written {
-            let op = spec.first_writer(i).and_then(|o| step.ops.get(o)).map(|o| o.path().to_owned()).unwrap_or_default();
+            let op = spec
+                .first_writer(i)
+                .and_then(|o| step.ops.get(o))
+                .map(|o| o.path().to_owned())
+                .unwrap_or_default();
             let d = Diagnostic::new(format!(
                 "field `{}` is a shared reference, but op `{op}` writes buffer `{}`",
                 b.name, b.name
@@ -213,7 +236,10 @@ pub(crate) fn match_struct<'a>(input: &'a DeriveInput, attr: &GraphAttr, spec: &
                 b.name, b.name
             ))
             .at(spec.buffer_span(i))
-            .with_help(format!("hold it as `&{}`, or pass it as Mut(\"{}\") to the op that writes it", b.ty, b.name));
+            .with_help(format!(
+                "hold it as `&{}`, or pass it as Mut(\"{}\") to the op that writes it",
+                b.ty, b.name
+            ));
             errors.push(spec_err(d, field.ty.span()));
         }
         if let (Some(ty), Some(fid)) = (ty, &field.ident) {
@@ -235,7 +261,8 @@ pub(crate) fn match_struct<'a>(input: &'a DeriveInput, attr: &GraphAttr, spec: &
         let path: Option<syn::Path> = respan(op.path(), at);
         let Some(path) = path else {
             errors.push(spec_err(
-                Diagnostic::new(format!("op `{}` is not a Rust path", op.path())).at(spec.op_span(oi)),
+                Diagnostic::new(format!("op `{}` is not a Rust path", op.path()))
+                    .at(spec.op_span(oi)),
                 at,
             ));
             continue;
@@ -243,9 +270,18 @@ pub(crate) fn match_struct<'a>(input: &'a DeriveInput, attr: &GraphAttr, spec: &
         let args = op
             .args()
             .iter()
-            .filter_map(|a| step.buffers.iter().position(|b| b.name == a.buffer()).map(|i| (i, a.access())))
+            .filter_map(|a| {
+                step.buffers
+                    .iter()
+                    .position(|b| b.name == a.buffer())
+                    .map(|i| (i, a.access()))
+            })
             .collect();
-        ops.push(OpModel { path_str: op.path().to_owned(), path: quote::quote!(#path), args });
+        ops.push(OpModel {
+            path_str: op.path().to_owned(),
+            path: quote::quote!(#path),
+            args,
+        });
     }
 
     if let Some(first) = errors.into_iter().reduce(|mut a, b| {
@@ -254,7 +290,8 @@ pub(crate) fn match_struct<'a>(input: &'a DeriveInput, attr: &GraphAttr, spec: &
     }) {
         return Err(first);
     }
-    let context = context.ok_or_else(|| syn::Error::new(at, "unreachable: context checked above"))?;
+    let context =
+        context.ok_or_else(|| syn::Error::new(at, "unreachable: context checked above"))?;
     Ok(StepModel {
         input,
         capture: ident("Capture"),

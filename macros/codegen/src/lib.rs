@@ -27,7 +27,12 @@ pub use ptrs::derive_device_ptrs;
 /// Expands `#[derive(TrainingGraph)]` for `input` against an already checked
 /// `spec`. `include` is the absolute spec path to depend on (so editing the
 /// spec rebuilds the crate); `None` for inline specs.
-pub fn expand(input: &DeriveInput, attr: &GraphAttr, spec: &Spec, include: Option<&str>) -> TokenStream {
+pub fn expand(
+    input: &DeriveInput,
+    attr: &GraphAttr,
+    spec: &Spec,
+    include: Option<&str>,
+) -> TokenStream {
     let dep = include_dep(include);
     match fields::match_struct(input, attr, spec) {
         Ok(step) => {
@@ -46,7 +51,9 @@ pub fn expand(input: &DeriveInput, attr: &GraphAttr, spec: &Spec, include: Optio
 /// file dependency so that fixing the spec triggers a rebuild.
 pub fn spec_errors(rendered: &[String], attr: &GraphAttr, include: Option<&str>) -> TokenStream {
     let dep = include_dep(include);
-    let errors = rendered.iter().map(|r| syn::Error::new(attr.span(), r).to_compile_error());
+    let errors = rendered
+        .iter()
+        .map(|r| syn::Error::new(attr.span(), r).to_compile_error());
     quote! { #dep #(#errors)* }
 }
 

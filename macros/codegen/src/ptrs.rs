@@ -33,7 +33,10 @@ fn skipped(field: &syn::Field) -> syn::Result<bool> {
 
 fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
     let Data::Struct(data) = &input.data else {
-        return Err(syn::Error::new(input.ident.span(), "#[derive(DevicePtrs)] supports structs only"));
+        return Err(syn::Error::new(
+            input.ident.span(),
+            "#[derive(DevicePtrs)] supports structs only",
+        ));
     };
     let mut visits = Vec::new();
     let mut errors: Option<syn::Error> = None;
@@ -84,7 +87,8 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
     let ident = &input.ident;
     let mut generics = input.generics.clone();
     for p in generics.type_params_mut() {
-        p.bounds.push(syn::parse_quote!(::stepgraph::graph::DevicePtrs));
+        p.bounds
+            .push(syn::parse_quote!(::stepgraph::graph::DevicePtrs));
     }
     let (impl_g, ty_g, where_c) = generics.split_for_impl();
     Ok(quote! {

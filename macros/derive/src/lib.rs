@@ -35,7 +35,9 @@ pub fn derive_training_graph(input: TokenStream) -> TokenStream {
     };
     match Spec::parse(&shown, &src) {
         Ok(spec) => stepgraph_codegen::expand(&input, &attr, &spec, include.as_deref()).into(),
-        Err(diags) => stepgraph_codegen::spec_errors(&diags.rendered(), &attr, include.as_deref()).into(),
+        Err(diags) => {
+            stepgraph_codegen::spec_errors(&diags.rendered(), &attr, include.as_deref()).into()
+        }
     }
 }
 
@@ -52,11 +54,18 @@ fn resolve(lit: &syn::LitStr) -> syn::Result<(PathBuf, String)> {
     if Path::new(&rel).is_absolute() {
         return Err(syn::Error::new(
             lit.span(),
-            format!("spec path `{rel}` is absolute; give it relative to this file or to the crate root"),
+            format!(
+                "spec path `{rel}` is absolute; give it relative to this file or to the crate root"
+            ),
         ));
     }
     let mut tried = Vec::new();
-    if let Some(dir) = lit.span().unwrap().local_file().and_then(|f| absolute_dir(&f)) {
+    if let Some(dir) = lit
+        .span()
+        .unwrap()
+        .local_file()
+        .and_then(|f| absolute_dir(&f))
+    {
         tried.push(dir.join(&rel));
     }
     if let Ok(root) = std::env::var("CARGO_MANIFEST_DIR") {
@@ -66,14 +75,18 @@ fn resolve(lit: &syn::LitStr) -> syn::Result<(PathBuf, String)> {
         if path.is_file() {
             return match std::fs::read_to_string(path) {
                 Ok(src) => Ok((path.canonicalize().unwrap_or_else(|_| path.clone()), src)),
-                Err(e) => Err(syn::Error::new(lit.span(), format!("cannot read spec `{}`: {e}", path.display()))),
+                Err(e) => Err(syn::Error::new(
+                    lit.span(),
+                    format!("cannot read spec `{}`: {e}", path.display()),
+                )),
             };
         }
     }
-    let list: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
     Err(syn::Error::new(
         lit.span(),
-        format!("spec file `{rel}` not found; looked at: {}", if list.is_empty() { "nothing".to_owned() } else { list.join(", ") }),
+        format!(
+            "spec file `{rel}` not found (looked relative to this source file, then to the crate root)"
+        ),
     ))
 }
 

@@ -24,7 +24,11 @@ impl SrcSpan {
         };
         // ron reports end of input one column past the last character.
         let line_count = src.lines().count().max(1);
-        SrcSpan { line: line.min(line_count + 1), col, len }
+        SrcSpan {
+            line: line.min(line_count + 1),
+            col,
+            len,
+        }
     }
 }
 
@@ -42,7 +46,11 @@ pub struct Diagnostic {
 impl Diagnostic {
     /// A diagnostic with no location yet.
     pub fn new(message: impl Into<String>) -> Self {
-        Self { message: message.into(), span: None, help: None }
+        Self {
+            message: message.into(),
+            span: None,
+            help: None,
+        }
     }
 
     /// Places it.
@@ -94,7 +102,11 @@ pub struct Diagnostics {
 impl Diagnostics {
     /// Diagnostics for the spec at `path` with source `src`.
     pub fn new(path: &str, src: &str, list: Vec<Diagnostic>) -> Self {
-        Self { path: path.to_owned(), src: src.to_owned(), list }
+        Self {
+            path: path.to_owned(),
+            src: src.to_owned(),
+            list,
+        }
     }
 
     /// The problems, in source order of discovery.
@@ -104,7 +116,10 @@ impl Diagnostics {
 
     /// Each problem rendered (see [`Diagnostic::render`]).
     pub fn rendered(&self) -> Vec<String> {
-        self.list.iter().map(|d| d.render(&self.path, &self.src)).collect()
+        self.list
+            .iter()
+            .map(|d| d.render(&self.path, &self.src))
+            .collect()
     }
 }
 

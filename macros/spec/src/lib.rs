@@ -62,7 +62,13 @@ impl Spec {
         };
         let locator = Locator::scan(src);
         match validate::check(&step, &locator) {
-            Ok(written) => Ok(Spec { step, written, path: path.to_owned(), src: src.to_owned(), locator }),
+            Ok(written) => Ok(Spec {
+                step,
+                written,
+                path: path.to_owned(),
+                src: src.to_owned(),
+                locator,
+            }),
             Err(list) => Err(Diagnostics::new(path, src, list)),
         }
     }
@@ -75,7 +81,9 @@ impl Spec {
             Err(e) => Err(Diagnostics::new(
                 &shown,
                 "",
-                vec![Diagnostic::new(format!("cannot read spec file `{shown}`: {e}"))],
+                vec![Diagnostic::new(format!(
+                    "cannot read spec file `{shown}`: {e}"
+                ))],
             )),
         }
     }
@@ -123,10 +131,11 @@ impl Spec {
     /// Index of the first op that writes buffer `i`, if any.
     pub fn first_writer(&self, i: usize) -> Option<usize> {
         let name = &self.step.buffers.get(i)?.name;
-        self.step
-            .ops
-            .iter()
-            .position(|op| op.args().iter().any(|a| a.access() == Access::Mut && a.buffer() == name))
+        self.step.ops.iter().position(|op| {
+            op.args()
+                .iter()
+                .any(|a| a.access() == Access::Mut && a.buffer() == name)
+        })
     }
 
     /// One line for `stepgraph check`.

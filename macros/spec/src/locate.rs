@@ -50,7 +50,12 @@ impl Locator {
             }
         };
         let path_of = |frames: &[Frame]| -> String {
-            frames.iter().skip(1).map(|f| f.label.as_str()).collect::<Vec<_>>().join("/")
+            frames
+                .iter()
+                .skip(1)
+                .map(|f| f.label.as_str())
+                .collect::<Vec<_>>()
+                .join("/")
         };
         while let Some(&c) = chars.get(i) {
             let next = chars.get(i + 1).copied();
@@ -120,7 +125,11 @@ impl Locator {
                     tokens.push(Token {
                         path: path_of(&frames),
                         key: frame.key.clone(),
-                        span: SrcSpan { line: start_line, col: start_col, len },
+                        span: SrcSpan {
+                            line: start_line,
+                            col: start_col,
+                            len,
+                        },
                     });
                 }
                 last_ident = None;
@@ -142,7 +151,11 @@ impl Locator {
                     tokens.push(Token {
                         path: path_of(&frames),
                         key: frame.key.clone(),
-                        span: SrcSpan { line: start_line, col: start_col, len: ident.chars().count() },
+                        span: SrcSpan {
+                            line: start_line,
+                            col: start_col,
+                            len: ident.chars().count(),
+                        },
                     });
                 }
                 last_ident = Some(ident);
@@ -162,14 +175,25 @@ impl Locator {
                         Some(_) => {
                             // A struct name such as `Step(`: not a value.
                             tokens.pop();
-                            frames.last().map(|f| f.key.clone()).filter(|k| !k.is_empty()).unwrap_or_else(|| "*".to_owned())
+                            frames
+                                .last()
+                                .map(|f| f.key.clone())
+                                .filter(|k| !k.is_empty())
+                                .unwrap_or_else(|| "*".to_owned())
                         }
-                        None => frames.last().map(|f| f.key.clone()).filter(|k| !k.is_empty()).unwrap_or_else(|| "*".to_owned()),
+                        None => frames
+                            .last()
+                            .map(|f| f.key.clone())
+                            .filter(|k| !k.is_empty())
+                            .unwrap_or_else(|| "*".to_owned()),
                     };
                     if label == "Ref" || label == "Mut" {
                         tokens.pop();
                     }
-                    frames.push(Frame { label, key: String::new() });
+                    frames.push(Frame {
+                        label,
+                        key: String::new(),
+                    });
                 }
                 ')' | ']' | '}' => {
                     frames.pop();
@@ -193,7 +217,11 @@ impl Locator {
     }
 
     fn nth(&self, path: &str, key: &str, n: usize) -> Option<SrcSpan> {
-        self.tokens.iter().filter(|t| t.path == path && t.key == key).nth(n).map(|t| t.span)
+        self.tokens
+            .iter()
+            .filter(|t| t.path == path && t.key == key)
+            .nth(n)
+            .map(|t| t.span)
     }
 
     /// A field of the step itself (`name`, `context`, ...).
@@ -246,19 +274,77 @@ Step(
     #[test]
     fn finds_every_kind_of_value() {
         let l = Locator::scan(SRC);
-        assert_eq!(l.step_field("name"), Some(SrcSpan { line: 3, col: 11, len: 3 }));
-        assert_eq!(l.step_field("context"), Some(SrcSpan { line: 3, col: 41, len: 12 }));
-        assert_eq!(l.buffer_field(1, "name"), Some(SrcSpan { line: 6, col: 16, len: 3 }));
-        assert_eq!(l.buffer_field(0, "role"), Some(SrcSpan { line: 5, col: 41, len: 5 }));
-        assert_eq!(l.scratch(0), Some(SrcSpan { line: 8, col: 15, len: 14 }));
-        assert_eq!(l.op_path(0), Some(SrcSpan { line: 10, col: 10, len: 10 }));
-        assert_eq!(l.arg(1), Some(SrcSpan { line: 10, col: 37, len: 3 }));
+        assert_eq!(
+            l.step_field("name"),
+            Some(SrcSpan {
+                line: 3,
+                col: 11,
+                len: 3
+            })
+        );
+        assert_eq!(
+            l.step_field("context"),
+            Some(SrcSpan {
+                line: 3,
+                col: 41,
+                len: 12
+            })
+        );
+        assert_eq!(
+            l.buffer_field(1, "name"),
+            Some(SrcSpan {
+                line: 6,
+                col: 16,
+                len: 3
+            })
+        );
+        assert_eq!(
+            l.buffer_field(0, "role"),
+            Some(SrcSpan {
+                line: 5,
+                col: 41,
+                len: 5
+            })
+        );
+        assert_eq!(
+            l.scratch(0),
+            Some(SrcSpan {
+                line: 8,
+                col: 15,
+                len: 14
+            })
+        );
+        assert_eq!(
+            l.op_path(0),
+            Some(SrcSpan {
+                line: 10,
+                col: 10,
+                len: 10
+            })
+        );
+        assert_eq!(
+            l.arg(1),
+            Some(SrcSpan {
+                line: 10,
+                col: 37,
+                len: 3
+            })
+        );
         assert_eq!(l.arg(2), None);
     }
 
     #[test]
     fn survives_garbage() {
-        for src in ["", "(", ")))", "\"unterminated", "r#\"x", "/* open", "Step(name: [(((", "é\u{0}"] {
+        for src in [
+            "",
+            "(",
+            ")))",
+            "\"unterminated",
+            "r#\"x",
+            "/* open",
+            "Step(name: [(((",
+            "é\u{0}",
+        ] {
             let l = Locator::scan(src);
             let _ = (l.op_path(0), l.arg(0), l.buffer_field(0, "name"));
         }

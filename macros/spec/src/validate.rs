@@ -5,10 +5,10 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::KNOWN_SCRATCH;
 use crate::diag::Diagnostic;
 use crate::locate::Locator;
 use crate::model::{Access, Role, Step};
-use crate::KNOWN_SCRATCH;
 
 /// Checks `step`; on success returns, per buffer, whether some op writes it.
 pub(crate) fn check(step: &Step, loc: &Locator) -> Result<Vec<bool>, Vec<Diagnostic>> {
@@ -16,15 +16,23 @@ pub(crate) fn check(step: &Step, loc: &Locator) -> Result<Vec<bool>, Vec<Diagnos
 
     if !is_ident(&step.name) {
         out.push(
-            Diagnostic::new(format!("step name `{}` is not a Rust identifier", step.name))
-                .at(loc.step_field("name"))
-                .with_help("it prefixes the generated types (`<name>Graph`), e.g. \"Mamba3F32\"".to_owned()),
+            Diagnostic::new(format!(
+                "step name `{}` is not a Rust identifier",
+                step.name
+            ))
+            .at(loc.step_field("name"))
+            .with_help(
+                "it prefixes the generated types (`<name>Graph`), e.g. \"Mamba3F32\"".to_owned(),
+            ),
         );
     }
     if !is_path(&step.context) {
         out.push(
-            Diagnostic::new(format!("context `{}` is not a Rust type path", step.context))
-                .at(loc.step_field("context")),
+            Diagnostic::new(format!(
+                "context `{}` is not a Rust type path",
+                step.context
+            ))
+            .at(loc.step_field("context")),
         );
     }
 
@@ -40,16 +48,23 @@ pub(crate) fn check(step: &Step, loc: &Locator) -> Result<Vec<bool>, Vec<Diagnos
         }
         if let Some(&first) = index.get(b.name.as_str()) {
             out.push(
-                Diagnostic::new(format!("buffer `{}` is declared twice (first as buffer #{})", b.name, first + 1))
-                    .at(loc.buffer_field(i, "name")),
+                Diagnostic::new(format!(
+                    "buffer `{}` is declared twice (first as buffer #{})",
+                    b.name,
+                    first + 1
+                ))
+                .at(loc.buffer_field(i, "name")),
             );
         } else {
             index.insert(&b.name, i);
         }
         if !is_type(&b.ty) {
             out.push(
-                Diagnostic::new(format!("type `{}` of buffer `{}` is not a Rust type path", b.ty, b.name))
-                    .at(loc.buffer_field(i, "ty")),
+                Diagnostic::new(format!(
+                    "type `{}` of buffer `{}` is not a Rust type path",
+                    b.ty, b.name
+                ))
+                .at(loc.buffer_field(i, "ty")),
             );
         }
     }
@@ -69,7 +84,10 @@ pub(crate) fn check(step: &Step, loc: &Locator) -> Result<Vec<bool>, Vec<Diagnos
     }
 
     if step.ops.is_empty() {
-        out.push(Diagnostic::new("the step has no ops: there is nothing to capture").at(loc.step_field("ops")));
+        out.push(
+            Diagnostic::new("the step has no ops: there is nothing to capture")
+                .at(loc.step_field("ops")),
+        );
     }
 
     // Ops, in order: arguments exist, hosts own inputs, scratch is written first.
@@ -102,8 +120,10 @@ pub(crate) fn check(step: &Step, loc: &Locator) -> Result<Vec<bool>, Vec<Diagnos
                 );
                 continue;
             };
-            if let Some(prev) = in_this_op.insert(name, arg.access()) {
-                if prev == Access::Mut || arg.access() == Access::Mut {
+            if let Some(prev) = in_this_op.insert(name, arg.access())
+                && (prev == Access::Mut || arg.access() == Access::Mut)
+            {
+                {
                     out.push(
                         Diagnostic::new(format!(
                             "op `{}` takes buffer `{name}` twice, once mutably: Rust cannot borrow it both ways",
@@ -162,9 +182,12 @@ pub(crate) fn check(step: &Step, loc: &Locator) -> Result<Vec<bool>, Vec<Diagnos
         }
         match b.role {
             Role::Output if !written[i] => out.push(
-                Diagnostic::new(format!("Output buffer `{}` is written by no op: the host would read stale data", b.name))
-                    .at(loc.buffer_field(i, "name"))
-                    .with_help("pass it as Mut(..) to the op that produces it".to_owned()),
+                Diagnostic::new(format!(
+                    "Output buffer `{}` is written by no op: the host would read stale data",
+                    b.name
+                ))
+                .at(loc.buffer_field(i, "name"))
+                .with_help("pass it as Mut(..) to the op that produces it".to_owned()),
             ),
             Role::OptimState | Role::State if !written[i] => out.push(
                 Diagnostic::new(format!(
@@ -173,13 +196,20 @@ pub(crate) fn check(step: &Step, loc: &Locator) -> Result<Vec<bool>, Vec<Diagnos
                     b.role.as_str()
                 ))
                 .at(loc.buffer_field(i, "role"))
-                .with_help("pass it as Mut(..) to the op that updates it, or declare it Param or Input".to_owned()),
+                .with_help(
+                    "pass it as Mut(..) to the op that updates it, or declare it Param or Input"
+                        .to_owned(),
+                ),
             ),
             _ => {}
         }
     }
 
-    if out.is_empty() { Ok(written) } else { Err(out) }
+    if out.is_empty() {
+        Ok(written)
+    } else {
+        Err(out)
+    }
 }
 
 fn is_ident(s: &str) -> bool {
@@ -191,9 +221,10 @@ fn is_ident(s: &str) -> bool {
 }
 
 const RESERVED: &[&str] = &[
-    "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum", "extern", "false", "fn",
-    "for", "if", "impl", "in", "let", "loop", "match", "mod", "move", "mut", "pub", "ref", "return", "self", "Self",
-    "static", "struct", "super", "trait", "true", "type", "unsafe", "use", "where", "while",
+    "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum", "extern",
+    "false", "fn", "for", "if", "impl", "in", "let", "loop", "match", "mod", "move", "mut", "pub",
+    "ref", "return", "self", "Self", "static", "struct", "super", "trait", "true", "type",
+    "unsafe", "use", "where", "while",
 ];
 
 /// `a::b::c`, `::a::b` or `crate::a`: segments are identifiers, the first may
@@ -202,7 +233,9 @@ fn is_path(s: &str) -> bool {
     let body = s.strip_prefix("::").unwrap_or(s);
     !body.is_empty()
         && body.split("::").enumerate().all(|(i, seg)| {
-            is_ident(seg) || (i == 0 && matches!(seg, "crate" | "self" | "super")) || (i > 0 && seg == "super")
+            is_ident(seg)
+                || (i == 0 && matches!(seg, "crate" | "self" | "super"))
+                || (i > 0 && seg == "super")
         })
 }
 
@@ -214,7 +247,11 @@ fn is_type(s: &str) -> bool {
         match c {
             '<' => depth += 1,
             '>' => depth -= 1,
-            c if c.is_alphanumeric() || matches!(c, '_' | ':' | ',' | ' ' | '&' | '\'' | '[' | ']' | ';' | '(' | ')') => {}
+            c if c.is_alphanumeric()
+                || matches!(
+                    c,
+                    '_' | ':' | ',' | ' ' | '&' | '\'' | '[' | ']' | ';' | '(' | ')'
+                ) => {}
             _ => return false,
         }
         if depth < 0 {
@@ -242,7 +279,11 @@ fn edit_distance(a: &str, b: &str) -> usize {
         row[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {
             let cur = row[j + 1];
-            row[j + 1] = if ca == *cb { prev } else { 1 + prev.min(cur).min(row[j]) };
+            row[j + 1] = if ca == *cb {
+                prev
+            } else {
+                1 + prev.min(cur).min(row[j])
+            };
             prev = cur;
         }
     }
@@ -267,7 +308,10 @@ mod tests {
 
     #[test]
     fn suggests_close_names() {
-        assert_eq!(closest("grad", ["grads", "weights"].into_iter()), Some("grads"));
+        assert_eq!(
+            closest("grad", ["grads", "weights"].into_iter()),
+            Some("grads")
+        );
         assert_eq!(closest("zzz", ["grads", "weights"].into_iter()), None);
     }
 }

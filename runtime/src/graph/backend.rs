@@ -26,7 +26,12 @@ pub trait Backend {
     /// True when the context owns a scratch area with this name.
     fn has_scratch(&self, name: &str) -> bool;
     /// Lists the allocations of scratch area `name` (nothing if unknown).
-    fn visit_scratch(&self, name: &str, path: &TensorPath<'_>, visit: &mut dyn FnMut(&TensorPath<'_>, DevicePtr));
+    fn visit_scratch(
+        &self,
+        name: &str,
+        path: &TensorPath<'_>,
+        visit: &mut dyn FnMut(&TensorPath<'_>, DevicePtr),
+    );
     /// Freezes (or thaws) every scratch area: while frozen, a request that
     /// would grow one is an error instead of a reallocation under the graph.
     fn set_scratch_frozen(&self, frozen: bool);

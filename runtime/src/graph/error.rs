@@ -106,15 +106,27 @@ pub enum GraphError {
 }
 
 fn tensor_suffix(tensor: &str) -> String {
-    if tensor.is_empty() { String::new() } else { format!(" (tensor `{tensor}`)") }
+    if tensor.is_empty() {
+        String::new()
+    } else {
+        format!(" (tensor `{tensor}`)")
+    }
 }
 
 impl GraphError {
     /// Wraps an op's error, lifting a capture violation to its own variant.
     pub fn from_op<E: OpError>(step: &'static str, op: &'static str, err: E) -> Self {
         match err.capture_violation() {
-            Some(v) => GraphError::CaptureViolation { step, op, action: v.action },
-            None => GraphError::Op { step, op, source: Box::new(err) },
+            Some(v) => GraphError::CaptureViolation {
+                step,
+                op,
+                action: v.action,
+            },
+            None => GraphError::Op {
+                step,
+                op,
+                source: Box::new(err),
+            },
         }
     }
 
@@ -124,7 +136,11 @@ impl GraphError {
         stage: &'static str,
         err: E,
     ) -> Self {
-        GraphError::Backend { step, stage, source: Box::new(err) }
+        GraphError::Backend {
+            step,
+            stage,
+            source: Box::new(err),
+        }
     }
 
     /// True when the graph no longer matches its buffers (moved, resized or

@@ -7,8 +7,8 @@
 
 use std::fmt;
 
-use super::error::GraphError;
 use super::backend::Backend;
+use super::error::GraphError;
 
 /// One allocation as a captured kernel sees it: its address and its size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -39,17 +39,26 @@ enum Seg<'a> {
 impl<'a> TensorPath<'a> {
     /// The path of a buffer itself.
     pub const fn root() -> Self {
-        Self { seg: Seg::Root, parent: None }
+        Self {
+            seg: Seg::Root,
+            parent: None,
+        }
     }
 
     /// The path of a named part of this one.
     pub fn field(&'a self, name: &'a str) -> TensorPath<'a> {
-        TensorPath { seg: Seg::Field(name), parent: Some(self) }
+        TensorPath {
+            seg: Seg::Field(name),
+            parent: Some(self),
+        }
     }
 
     /// The path of the `i`-th element of this one.
     pub fn index(&'a self, i: usize) -> TensorPath<'a> {
-        TensorPath { seg: Seg::Index(i), parent: Some(self) }
+        TensorPath {
+            seg: Seg::Index(i),
+            parent: Some(self),
+        }
     }
 
     /// True for the path of a whole buffer.
@@ -60,10 +69,10 @@ impl<'a> TensorPath<'a> {
 
 impl fmt::Display for TensorPath<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(parent) = self.parent {
-            if !parent.is_root() {
-                write!(f, "{parent}.")?;
-            }
+        if let Some(parent) = self.parent
+            && !parent.is_root()
+        {
+            write!(f, "{parent}.")?;
         }
         match self.seg {
             Seg::Root => Ok(()),
@@ -147,7 +156,10 @@ impl PtrSnapshot {
     pub fn take(buffer: &'static str, src: &dyn DevicePtrs) -> Self {
         let mut tensors = Vec::new();
         src.visit_ptrs(&TensorPath::root(), &mut |path, ptr| {
-            tensors.push(TensorRecord { path: path.to_string(), ptr });
+            tensors.push(TensorRecord {
+                path: path.to_string(),
+                ptr,
+            });
         });
         Self { buffer, tensors }
     }

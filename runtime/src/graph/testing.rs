@@ -69,7 +69,10 @@ pub struct FakeBackend {
 impl FakeBackend {
     /// A backend with no scratch areas.
     pub fn new() -> Self {
-        Self { next_addr: Cell::new(0x7000_0000_0000), ..Self::default() }
+        Self {
+            next_addr: Cell::new(0x7000_0000_0000),
+            ..Self::default()
+        }
     }
 
     /// A backend with the given scratch areas, each `bytes` large.
@@ -77,7 +80,9 @@ impl FakeBackend {
         let b = Self::new();
         for name in names {
             let addr = b.fresh_addr(bytes);
-            b.scratch.borrow_mut().push(((*name).to_owned(), bytes, addr));
+            b.scratch
+                .borrow_mut()
+                .push(((*name).to_owned(), bytes, addr));
         }
         b
     }
@@ -103,7 +108,11 @@ impl FakeBackend {
     /// CUDA context's own wrapper.
     pub fn alloc(&self, bytes: usize) -> Result<u64, FakeError> {
         if self.capturing.get() {
-            return Err(CaptureViolation { op: self.current_op.get(), action: "allocate device memory" }.into());
+            return Err(CaptureViolation {
+                op: self.current_op.get(),
+                action: "allocate device memory",
+            }
+            .into());
         }
         Ok(self.fresh_addr(bytes))
     }
@@ -113,13 +122,21 @@ impl FakeBackend {
     pub fn scratch(&self, name: &str, bytes: usize) -> Result<u64, FakeError> {
         let mut areas = self.scratch.borrow_mut();
         let Some(area) = areas.iter_mut().find(|a| a.0 == name) else {
-            return Err(FakeError::ScratchFrozen { name: name.to_owned(), have: 0, want: bytes });
+            return Err(FakeError::ScratchFrozen {
+                name: name.to_owned(),
+                have: 0,
+                want: bytes,
+            });
         };
         if area.1 >= bytes {
             return Ok(area.2);
         }
         if self.frozen.get() || self.capturing.get() {
-            return Err(FakeError::ScratchFrozen { name: name.to_owned(), have: area.1, want: bytes });
+            return Err(FakeError::ScratchFrozen {
+                name: name.to_owned(),
+                have: area.1,
+                want: bytes,
+            });
         }
         area.1 = bytes;
         area.2 = self.fresh_addr(bytes);
@@ -128,7 +145,12 @@ impl FakeBackend {
 
     /// Moves scratch `name` to a new address, as a regrowth would.
     pub fn move_scratch(&self, name: &str) {
-        let bytes = self.scratch.borrow().iter().find(|a| a.0 == name).map(|a| a.1);
+        let bytes = self
+            .scratch
+            .borrow()
+            .iter()
+            .find(|a| a.0 == name)
+            .map(|a| a.1);
         if let Some(bytes) = bytes {
             let addr = self.fresh_addr(bytes);
             if let Some(area) = self.scratch.borrow_mut().iter_mut().find(|a| a.0 == name) {
@@ -166,8 +188,18 @@ impl Backend for FakeBackend {
         self.scratch.borrow().iter().any(|a| a.0 == name)
     }
 
-    fn visit_scratch(&self, name: &str, path: &TensorPath<'_>, visit: &mut dyn FnMut(&TensorPath<'_>, DevicePtr)) {
-        let found = self.scratch.borrow().iter().find(|a| a.0 == name).map(|a| (a.1, a.2));
+    fn visit_scratch(
+        &self,
+        name: &str,
+        path: &TensorPath<'_>,
+        visit: &mut dyn FnMut(&TensorPath<'_>, DevicePtr),
+    ) {
+        let found = self
+            .scratch
+            .borrow()
+            .iter()
+            .find(|a| a.0 == name)
+            .map(|a| (a.1, a.2));
         if let Some((bytes, addr)) = found {
             visit(path, DevicePtr { addr, bytes });
         }
@@ -193,7 +225,9 @@ impl Backend for FakeBackend {
         if !self.capturing.replace(false) {
             return Err(FakeError::NotCapturing);
         }
-        Ok(FakeExec { events: std::mem::take(&mut self.recorded.borrow_mut()) })
+        Ok(FakeExec {
+            events: std::mem::take(&mut self.recorded.borrow_mut()),
+        })
     }
 
     fn upload(&self, _exec: &FakeExec) -> Result<(), FakeError> {
@@ -222,9 +256,19 @@ impl FakePtrs {
         let base = 0x1000_0000_0000u64.wrapping_add(seed.wrapping_mul(0x10_0000));
         let tensors = (0..count)
             .map(|i| {
-                let name = if count == 1 { String::new() } else { format!("t{i}") };
+                let name = if count == 1 {
+                    String::new()
+                } else {
+                    format!("t{i}")
+                };
                 let offset = u64::try_from(i).unwrap_or(0).wrapping_mul(0x1000);
-                (name, DevicePtr { addr: base.wrapping_add(offset), bytes: 1024 })
+                (
+                    name,
+                    DevicePtr {
+                        addr: base.wrapping_add(offset),
+                        bytes: 1024,
+                    },
+                )
             })
             .collect();
         Self { tensors }
@@ -263,7 +307,13 @@ impl FakePtrs {
     pub fn push_tensor(&mut self) {
         let last = self.tensors.last().map_or(0, |t| t.1.addr);
         let name = format!("t{}", self.tensors.len());
-        self.tensors.push((name, DevicePtr { addr: last.wrapping_add(0x1000), bytes: 1024 }));
+        self.tensors.push((
+            name,
+            DevicePtr {
+                addr: last.wrapping_add(0x1000),
+                bytes: 1024,
+            },
+        ));
     }
 }
 

@@ -3,6 +3,8 @@
 //! arguments and maps outcomes to exit codes (0 ok, 1 failure, 2 usage error).
 
 mod check;
+mod eval;
+mod init;
 
 use std::process::ExitCode;
 
@@ -20,6 +22,10 @@ struct Cli {
 enum Command {
     /// Check step specs with the same rules as `#[derive(TrainingGraph)]`.
     Check(check::Args),
+    /// Mean next-token cross-entropy of a checkpoint on a token file (CPU reference).
+    Eval(eval::Args),
+    /// Write a checkpoint with fresh official-init weights.
+    Init(init::Args),
 }
 
 fn main() -> ExitCode {
@@ -27,12 +33,24 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             // --help and --version are not usage errors.
-            let code = if e.use_stderr() { 2 } else { 0 };
-            let _ = e.print();
-            return ExitCode::from(code);
+            if !e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // One line: clap's first line names the problem; the usage and
+            // tip lines after it are what `--help` is for.
+            let text = e.render().to_string();
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("error: invalid arguments");
+            eprintln!("{first} (see `stepgraph --help`)");
+            return ExitCode::from(2);
         }
     };
     match cli.command {
         Command::Check(args) => check::run(&args),
+        Command::Eval(args) => eval::run(&args),
+        Command::Init(args) => init::run(&args),
     }
 }
