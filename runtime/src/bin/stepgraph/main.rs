@@ -5,6 +5,8 @@
 mod check;
 mod eval;
 mod init;
+mod eval;
+mod init;
 
 use std::process::ExitCode;
 
@@ -50,6 +52,8 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Check(args) => check::run(&args),
+        Command::Eval(args) => eval::run(&args),
+        Command::Init(args) => init::run(&args),
         Command::Eval(args) => eval::run(&args),
         Command::Init(args) => init::run(&args),
     }
