@@ -5,8 +5,6 @@
 mod check;
 mod eval;
 mod init;
-mod eval;
-mod init;
 
 use std::process::ExitCode;
 
@@ -52,8 +50,6 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Check(args) => check::run(&args),
-        Command::Eval(args) => eval::run(&args),
-        Command::Init(args) => init::run(&args),
         Command::Eval(args) => eval::run(&args),
         Command::Init(args) => init::run(&args),
     }
