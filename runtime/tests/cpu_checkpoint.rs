@@ -170,10 +170,13 @@ fn config_json_uses_official_fields() {
     );
 }
 
+/// An edit applied to a valid `config.json` value.
+type Edit = dyn Fn(&mut serde_json::Value);
+
 #[test]
 fn bad_config_json_names_the_field() {
     let base = config_to_json(&Mamba3Config::tiny()).unwrap();
-    let cases: [(&dyn Fn(&mut serde_json::Value), &str); 9] = [
+    let cases: [(&Edit, &str); 9] = [
         (&|v| v["bogus"] = 1.into(), "bogus"),
         (&|v| v["ssm_cfg"]["bogus"] = 1.into(), "ssm_cfg.bogus"),
         (

@@ -44,7 +44,9 @@ fn finite_difference(
     let orig = values[idx];
     // The step follows the tensor's own scale: an embedding row of norm ~0.05
     // needs a much smaller step than a norm weight of ~1.
-    let rms = (values.iter().map(|v| v * v).sum::<f64>() / values.len() as f64).sqrt();
+    let rms = (values.iter().map(|v| v * v).sum::<f64>()
+        / f64::from(u32::try_from(values.len()).unwrap()))
+    .sqrt();
     let h = 1e-3 * rms.clamp(1e-3, 1.0);
     let mut at = |delta: f64| {
         w.tensors_mut()[tensor][idx] = orig + delta;

@@ -116,8 +116,8 @@ fn recurrent_and_chunked_scan_agree_per_head() {
             k: &d[7],
             v: &d[8],
         };
-        let rec = recurrent_forward(&x, &carry, chunk);
-        let chk = chunked_forward(&x, &carry, chunk);
+        let rec = recurrent_forward(&x, &carry, chunk).unwrap();
+        let chk = chunked_forward(&x, &carry, chunk).unwrap();
         let dy = max_rel_diff(&chk.y, &rec.y);
         let ds = max_rel_diff(&chk.final_state, &rec.final_state);
         eprintln!("T {len}, chunk {chunk}: y {dy:e}, final state {ds:e}");
@@ -174,4 +174,32 @@ fn carried_state_equals_concatenation() {
             assert!(d_logits < 1e-12 && d_state < 1e-12);
         }
     }
+}
+
+#[test]
+fn inconsistent_scan_inputs_are_errors() {
+    let (p, n, len) = (2, 4, 3);
+    let d = head_data(len, p, n, 1);
+    let qk = vec![0.0; len];
+    let short = &d[4][..len - 1];
+    let x = HeadInputs {
+        q: &d[0],
+        k: &d[1],
+        v: &d[2],
+        adt: &d[3],
+        dt: short,
+        lam: &d[5],
+        qk_raw: &qk,
+        d: 1.0,
+        p,
+        n,
+    };
+    let carry = HeadCarry {
+        ssm: &d[6],
+        k: &d[7],
+        v: &d[8],
+    };
+    let err = recurrent_forward(&x, &carry, 64).unwrap_err();
+    assert_eq!(err.to_string(), "scan input `dt` has 2 values, expected 3");
+    assert!(chunked_forward(&x, &carry, 64).is_err());
 }

@@ -60,7 +60,9 @@ fn eval_runs_on_a_checkpoint_it_saved() {
     let ck = tmp.path().join("ck");
     init(&ck, &["--outproj-norm", "--untied"]);
     let (rows, cols) = (3, 11);
-    let data: Vec<i64> = (0..rows * cols).map(|i| (i * 7 % 37) as i64).collect();
+    let data: Vec<i64> = (0..rows * cols)
+        .map(|i| i64::try_from(i * 7 % 37).unwrap())
+        .collect();
     let tok = tmp.path().join("tokens.safetensors");
     write_int_tensor(&tok, "tokens", &[rows, cols], &data).unwrap();
     let grads_path = tmp.path().join("grads.safetensors");

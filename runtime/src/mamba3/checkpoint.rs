@@ -167,7 +167,8 @@ pub fn weights_from_safetensors<T: Float>(
     names.sort_unstable();
     let tied_extra = "lm_head.weight";
     for name in &names {
-        if !expected.contains(name) && !(cfg.tie_embeddings && *name == tied_extra) {
+        let tied_copy = cfg.tie_embeddings && *name == tied_extra;
+        if !expected.contains(name) && !tied_copy {
             let shape = st
                 .tensor(name)
                 .map(|t| t.shape().to_vec())

@@ -182,21 +182,21 @@ impl Mamba3Config {
             .d_model
             .checked_mul(self.expand)
             .ok_or_else(|| ConfigError::invalid("ssm_cfg.expand", "expand * d_model overflows"))?;
-        if d_inner % self.headdim != 0 {
+        if !d_inner.is_multiple_of(self.headdim) {
             return Err(ConfigError::invalid(
                 "ssm_cfg.headdim",
                 format!("must divide d_inner = expand * d_model = {d_inner}"),
             ));
         }
         let nheads = d_inner / self.headdim;
-        if nheads % self.ngroups != 0 {
+        if !nheads.is_multiple_of(self.ngroups) {
             return Err(ConfigError::invalid(
                 "ssm_cfg.ngroups",
                 format!("must divide nheads = {nheads}"),
             ));
         }
         // The SISO kernel rotates (2i, 2i+1) pairs and asserts an even qk head dim.
-        if self.d_state % 2 != 0 {
+        if !self.d_state.is_multiple_of(2) {
             return Err(ConfigError::invalid(
                 "ssm_cfg.d_state",
                 format!(
@@ -241,7 +241,28 @@ impl Mamba3Config {
                 ));
             }
         }
-        self.padded_vocab_size_checked()?;
+        let vocab = self.padded_vocab_size_checked()?;
+        // Every tensor's element count must fit in memory arithmetic, so no
+        // size computation elsewhere can overflow.
+        let gn = self.ngroups.checked_mul(self.d_state);
+        let in_proj = gn
+            .and_then(|gn| gn.checked_mul(2))
+            .and_then(|x| x.checked_add(d_inner.checked_mul(2)?))
+            .and_then(|x| x.checked_add(nheads.checked_mul(3)?))
+            .and_then(|x| x.checked_mul(self.d_model));
+        let state = nheads
+            .checked_mul(self.headdim)
+            .and_then(|x| x.checked_mul(self.d_state));
+        let embed = vocab.checked_mul(self.d_model);
+        for (field, v) in [
+            ("ssm_cfg.d_state", in_proj),
+            ("ssm_cfg.d_state", state),
+            ("vocab_size", embed),
+        ] {
+            if v.is_none() {
+                return Err(ConfigError::invalid(field, "tensor sizes overflow"));
+            }
+        }
         Ok(())
     }
 
@@ -266,7 +287,7 @@ impl Mamba3Config {
             RopeFraction::Half => self.d_state / 2,
             RopeFraction::Full => self.d_state,
         };
-        if split % 2 != 0 {
+        if !split.is_multiple_of(2) {
             split -= 1;
         }
         split / 2

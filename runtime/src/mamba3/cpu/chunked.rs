@@ -31,7 +31,7 @@
 
 use super::float::Float;
 use super::ops::{axpy, dot};
-use super::scan::{HeadCarry, HeadInputs};
+use super::scan::{HeadCarry, HeadInputs, ScanShapeError};
 
 /// Every intermediate of the chunked forward pass for one (batch row, head).
 #[derive(Debug, Clone)]
@@ -56,8 +56,18 @@ pub struct ChunkedHead<T> {
     pub final_state: Vec<T>,
 }
 
-/// Runs the chunked form over the whole window.
+/// Runs the chunked form over the whole window (lengths checked first).
 pub fn chunked_forward<T: Float>(
+    x: &HeadInputs<'_, T>,
+    carry: &HeadCarry<'_, T>,
+    chunk: usize,
+) -> Result<ChunkedHead<T>, ScanShapeError> {
+    x.check(carry)?;
+    Ok(chunked_forward_unchecked(x, carry, chunk))
+}
+
+/// [`chunked_forward`] for inputs the model built itself.
+pub(crate) fn chunked_forward_unchecked<T: Float>(
     x: &HeadInputs<'_, T>,
     carry: &HeadCarry<'_, T>,
     chunk: usize,
@@ -99,9 +109,9 @@ pub fn chunked_forward<T: Float>(
         let c1 = (c0 + chunk).min(len);
         chunk_states.extend_from_slice(&s);
         let mut acc = T::ZERO;
-        for t in c0..c1 {
-            acc += x.adt[t];
-            da_cs[t] = acc;
+        for (cs, &a) in da_cs[c0..c1].iter_mut().zip(&x.adt[c0..c1]) {
+            acc += a;
+            *cs = acc;
         }
         for t in c0..c1 {
             let q = &x.q[t * n..(t + 1) * n];

@@ -17,10 +17,10 @@
 
 use rayon::prelude::*;
 
-use super::chunked::{ChunkedHead, chunked_forward};
+use super::chunked::{ChunkedHead, chunked_forward_unchecked};
 use super::float::Float;
 use super::ops::{dot, heavy_tail, matmul_nt, rstd, sigmoid, silu, softplus};
-use super::scan::{HeadCarry, HeadInputs, recurrent_forward};
+use super::scan::{HeadCarry, HeadInputs, recurrent_forward_unchecked};
 use super::state::LayerState;
 use super::weights::LayerWeights;
 use crate::mamba3::config::Mamba3Config;
@@ -109,6 +109,10 @@ impl<T: Float> MixerTape<T> {
         }
     }
 }
+
+/// One head's scan results: `y` `[T, P]`, final state, recurrent
+/// checkpoints, and the chunked intermediates when run chunked.
+type HeadScan<T> = (Vec<T>, Vec<T>, Vec<T>, Option<ChunkedHead<T>>);
 
 /// Carried state of (row, head) `bh` as scan input.
 pub(crate) fn head_carry<'a, T>(
@@ -240,18 +244,18 @@ pub(crate) fn mixer_forward<T: Float>(
 
     // One independent scan per (row, head).
     let chunk = cfg.chunk_size;
-    let scans: Vec<(Vec<T>, Vec<T>, Vec<T>, Option<ChunkedHead<T>>)> = (0..batch * nh)
+    let scans: Vec<HeadScan<T>> = (0..batch * nh)
         .into_par_iter()
         .map(|bh| {
             let x = tape.head_inputs(cfg, &w.d, bh / nh, bh % nh);
             let c = head_carry(cfg, carry, bh);
             match mode {
                 ScanMode::Recurrent => {
-                    let r = recurrent_forward(&x, &c, chunk);
+                    let r = recurrent_forward_unchecked(&x, &c, chunk);
                     (r.y, r.final_state, r.checkpoints, None)
                 }
                 ScanMode::Chunked => {
-                    let ch = chunked_forward(&x, &c, chunk);
+                    let ch = chunked_forward_unchecked(&x, &c, chunk);
                     let ck = recurrent_checkpoints(&x, &c, &ch, chunk);
                     (ch.y.clone(), ch.final_state.clone(), ck, Some(ch))
                 }

@@ -15,7 +15,7 @@ use super::ops::{
     axpy, heavy_tail, heavy_tail_grad, matmul_nn, matmul_tn_acc, rmsnorm_row_backward, silu,
     silu_grad, softplus_grad,
 };
-use super::scan::{HeadGrads, RecurrentOut, recurrent_backward};
+use super::scan::{HeadGrads, RecurrentOut, recurrent_backward_unchecked};
 use super::weights::LayerWeights;
 use crate::mamba3::config::Mamba3Config;
 
@@ -94,7 +94,7 @@ pub(crate) fn mixer_backward<T: Float>(
                 checkpoints: tape.checkpoints[bh * ck_len..(bh + 1) * ck_len].to_vec(),
             };
             let dy = &dy_heads[bh * len * p..(bh + 1) * len * p];
-            recurrent_backward(&x, &c, &fwd, dy, chunk)
+            recurrent_backward_unchecked(&x, &c, &fwd, dy, chunk)
         })
         .collect();
 

@@ -28,7 +28,8 @@ pub use model::{
     BlockTape, ForwardOutput, ModelError, backward, check_weights, forward, loss_and_grads,
 };
 pub use scan::{
-    HeadCarry, HeadGrads, HeadInputs, RecurrentOut, recurrent_backward, recurrent_forward,
+    HeadCarry, HeadGrads, HeadInputs, RecurrentOut, ScanShapeError, recurrent_backward,
+    recurrent_forward,
 };
 pub use state::{LayerState, ModelState, StateShapeError};
 pub use tokens::{TokenError, Tokens};

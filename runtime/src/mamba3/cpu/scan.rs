@@ -14,8 +14,22 @@
 //! checkpoints the forward pass keeps at chunk starts, so memory stays at
 //! `O(T/C * P * N)` per head instead of `O(T * P * N)`.
 
+use thiserror::Error;
+
 use super::float::Float;
 use super::ops::{axpy, dot};
+
+/// Per-head scan inputs whose lengths do not agree with each other.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("scan input `{field}` has {found} values, expected {expected}")]
+pub struct ScanShapeError {
+    /// The offending input.
+    pub field: &'static str,
+    /// Length implied by T, P and N.
+    pub expected: usize,
+    /// Length given.
+    pub found: usize,
+}
 
 /// Per-step inputs of one (batch row, head) sequence, all already projected,
 /// normalised, biased and rotated. Slices are row-major with time outermost.
@@ -45,6 +59,32 @@ pub struct HeadInputs<'a, T> {
 }
 
 impl<T> HeadInputs<'_, T> {
+    /// Checks every length against `T = adt.len()`, `p` and `n`.
+    pub fn check(&self, carry: &HeadCarry<'_, T>) -> Result<(), ScanShapeError> {
+        let (t, p, n) = (self.len(), self.p, self.n);
+        let parts = [
+            ("q", self.q.len(), t * n),
+            ("k", self.k.len(), t * n),
+            ("v", self.v.len(), t * p),
+            ("dt", self.dt.len(), t),
+            ("lam", self.lam.len(), t),
+            ("qk_raw", self.qk_raw.len(), t),
+            ("carry.ssm", carry.ssm.len(), p * n),
+            ("carry.k", carry.k.len(), n),
+            ("carry.v", carry.v.len(), p),
+        ];
+        for (field, found, expected) in parts {
+            if found != expected {
+                return Err(ScanShapeError {
+                    field,
+                    expected,
+                    found,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Sequence length T.
     pub fn len(&self) -> usize {
         self.adt.len()
@@ -103,8 +143,18 @@ fn step<T: Float>(s: &mut [T], coef: (T, T, T), prev: (&[T], &[T]), cur: (&[T], 
     rank1(s, gamma, cur.1, cur.0);
 }
 
-/// Runs the recurrence over the whole window.
+/// Runs the recurrence over the whole window (lengths checked first).
 pub fn recurrent_forward<T: Float>(
+    x: &HeadInputs<'_, T>,
+    carry: &HeadCarry<'_, T>,
+    chunk: usize,
+) -> Result<RecurrentOut<T>, ScanShapeError> {
+    x.check(carry)?;
+    Ok(recurrent_forward_unchecked(x, carry, chunk))
+}
+
+/// [`recurrent_forward`] for inputs the model built itself (lengths consistent by construction).
+pub(crate) fn recurrent_forward_unchecked<T: Float>(
     x: &HeadInputs<'_, T>,
     carry: &HeadCarry<'_, T>,
     chunk: usize,
@@ -160,6 +210,32 @@ pub struct HeadGrads<T> {
 /// Reverse pass of [`recurrent_forward`] given `dL/dy` `[T, P]`. The carried
 /// state is a constant (truncated backpropagation across windows).
 pub fn recurrent_backward<T: Float>(
+    x: &HeadInputs<'_, T>,
+    carry: &HeadCarry<'_, T>,
+    fwd: &RecurrentOut<T>,
+    dy: &[T],
+    chunk: usize,
+) -> Result<HeadGrads<T>, ScanShapeError> {
+    x.check(carry)?;
+    let (t, p, n) = (x.len(), x.p, x.n);
+    let ck = t.div_ceil(chunk.max(1)) * p * n;
+    for (field, found, expected) in [
+        ("dy", dy.len(), t * p),
+        ("checkpoints", fwd.checkpoints.len(), ck),
+    ] {
+        if found != expected {
+            return Err(ScanShapeError {
+                field,
+                expected,
+                found,
+            });
+        }
+    }
+    Ok(recurrent_backward_unchecked(x, carry, fwd, dy, chunk))
+}
+
+/// [`recurrent_backward`] for inputs the model built itself.
+pub(crate) fn recurrent_backward_unchecked<T: Float>(
     x: &HeadInputs<'_, T>,
     carry: &HeadCarry<'_, T>,
     fwd: &RecurrentOut<T>,
