@@ -7,6 +7,9 @@
 //! generated items call into:
 //!
 //! * [`graph`]: the backend trait, pointer snapshots, guards and their errors;
+//! * [`device`]: the CUDA context ([`device::Gpu`]): buffers, NVRTC, cuBLAS,
+//!   scratch, and the graph backend;
+//! * [`kernels`]: the embedded CUDA kernels and their typed launch wrappers;
 //! * [`mamba3`]: the Mamba-3 SISO language model (CPU float64 oracle first);
 //! * [`optim`]: AdamW with torch semantics.
 //!
@@ -15,7 +18,9 @@
 // The derive emits `::stepgraph::...` paths; this lets the crate use its own derive.
 extern crate self as stepgraph;
 
+pub mod device;
 pub mod graph;
+pub mod kernels;
 pub mod mamba3;
 pub mod optim;
 

@@ -1,0 +1,344 @@
+//! The GPU execution context: a cudarc context, its capture stream, buffers,
+//! compiled kernels, cuBLAS and scratch areas, behind one type, [`Gpu`].
+//!
+//! All CUDA FFI of the runtime lives in this module and in [`crate::kernels`];
+//! every `unsafe` block says what it relies on.
+//!
+//! # Start-up
+//!
+//! [`Gpu::new`] never panics and never hangs on a machine without CUDA: it
+//! probes for the driver library before the first driver call, then checks the
+//! GPU count, the driver version and the compute capability, each failure a
+//! [`GpuError`] that says what is missing. Then, in this order:
+//!
+//! 1. the context is created and **event tracking is turned off before any
+//!    allocation**: cudarc's per-buffer events would otherwise be waited on
+//!    and recorded around every launch, which is illegal inside a capture
+//!    when they were recorded outside it;
+//! 2. a dedicated non-blocking stream is created for all work (capture cannot
+//!    begin on the legacy default stream, and a non-blocking stream is not
+//!    serialised behind other libraries' work on it);
+//! 3. the kernels are compiled (or read from the disk cache) and every one is
+//!    loaded eagerly;
+//! 4. the cuBLAS handle is bound to the stream with a preallocated workspace;
+//! 5. every kernel and GEMM flavour runs once (warm-up), before any capture.
+//!
+//! # Capture rules
+//!
+//! [`Gpu`] implements [`graph::Backend`](crate::graph::Backend) (see
+//! [`graph`]). While a capture is open, the wrappers that would allocate, copy
+//! to or from the host, or synchronize return
+//! [`GpuError::Violation`] before calling the driver, so the capture is never
+//! invalidated; the generated step code reports it as
+//! `GraphError::CaptureViolation` naming the op.
+//!
+//! # Writing an op
+//!
+//! An op a step spec can name is a function taking the context first and
+//! the step buffers in spec order, returning `Result<(), GpuError>`:
+//!
+//! ```ignore
+//! fn scale_and_norm(gpu: &Gpu, x: &DeviceBuffer<f32>, y: &mut DeviceBuffer<f32>,
+//!                   norm: &mut DeviceBuffer<f32>) -> Result<(), GpuError> {
+//!     kernels::fill(gpu, y, 0.0)?;
+//!     kernels::axpy(gpu, 0.5, x, y)?;
+//!     kernels::sum_squares(gpu, y, norm)
+//! }
+//! ```
+//!
+//! It must not allocate, download or synchronize (those calls fail during
+//! capture); buffers it needs are step buffers or context scratch.
+
+mod blas;
+mod buffer;
+pub(crate) mod error;
+mod graph;
+pub mod nvrtc;
+pub mod probe;
+mod scratch;
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+
+pub use blas::{ColMajorGemm, F32GemmMath, Gemm};
+pub use buffer::{DeviceBuffer, Element, PinnedBuffer};
+pub use error::{GpuError, checked_elems, to_i32, to_u32};
+pub use graph::GpuGraph;
+pub use nvrtc::{CacheOutcome, CachePolicy, CompileReport};
+pub use scratch::{GEMM_WORKSPACE, HALF_STAGING, REDUCE_PARTIALS, ScratchGuard};
+
+use blas::Blas;
+use buffer::Shared;
+use error::During as _;
+use scratch::ScratchSet;
+
+use crate::kernels::KernelTable;
+
+/// Default size of the cuBLAS workspace: NVIDIA recommends 32 MiB on Hopper.
+pub const DEFAULT_GEMM_WORKSPACE: usize = 32 << 20;
+
+/// How to create a [`Gpu`].
+#[derive(Clone, Debug)]
+pub struct GpuOptions {
+    /// Device ordinal.
+    pub ordinal: usize,
+    /// Where compiled kernels are cached.
+    pub cache: CachePolicy,
+    /// Initial size of the cuBLAS workspace (`gemm_workspace`), in bytes.
+    pub gemm_workspace: usize,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        Self {
+            ordinal: 0,
+            cache: CachePolicy::Default,
+            gemm_workspace: DEFAULT_GEMM_WORKSPACE,
+        }
+    }
+}
+
+/// Facts about the device a [`Gpu`] runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device ordinal.
+    pub ordinal: usize,
+    /// Device name, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Compute capability `(major, minor)`.
+    pub compute_capability: (i32, i32),
+    /// The architecture kernels are compiled for, e.g. `sm_90`.
+    pub arch: String,
+    /// Streaming multiprocessors.
+    pub sm_count: i32,
+    /// Device memory in bytes.
+    pub total_memory: usize,
+    /// The driver's CUDA version, e.g. `(13, 0)`.
+    pub driver_version: (i32, i32),
+    /// NVRTC's version.
+    pub nvrtc_version: (i32, i32),
+}
+
+/// A GPU execution context; see the [module docs](self).
+///
+/// Not `Sync`: capture state, the running op and scratch borrows are tracked
+/// per context with interior mutability, and a CUDA graph may only be driven
+/// from one thread at a time.
+#[derive(Debug)]
+pub struct Gpu {
+    // Field order is drop order: the graph-free parts first, the context last.
+    scratch: ScratchSet,
+    blas: Blas,
+    kernels: KernelTable,
+    current_op: Cell<Option<&'static str>>,
+    shared: Arc<Shared>,
+    info: DeviceInfo,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+}
+
+impl Gpu {
+    /// A context on GPU `ordinal` with default options.
+    pub fn new(ordinal: usize) -> Result<Self, GpuError> {
+        Self::with_options(GpuOptions {
+            ordinal,
+            ..GpuOptions::default()
+        })
+    }
+
+    /// A context with explicit options; see the [module docs](self) for what
+    /// happens, in order.
+    pub fn with_options(opts: GpuOptions) -> Result<Self, GpuError> {
+        if !probe::driver_present() {
+            return Err(GpuError::NoDriver {
+                tried: "libcuda.so, libcuda.so.1".to_owned(),
+            });
+        }
+        let count = match CudaContext::device_count() {
+            Ok(n) => usize::try_from(n).unwrap_or(0),
+            Err(e) => {
+                return Err(GpuError::NoDevice {
+                    detail: format!("{e}"),
+                });
+            }
+        };
+        if count == 0 {
+            return Err(GpuError::NoDevice {
+                detail: "device count is 0".to_owned(),
+            });
+        }
+        if opts.ordinal >= count {
+            return Err(GpuError::NoSuchDevice {
+                ordinal: opts.ordinal,
+                count,
+            });
+        }
+        let driver_version = driver_version()?;
+        if driver_version < probe::REQUIRED_DRIVER_VERSION {
+            let (found_major, found_minor) = probe::split_version(driver_version);
+            let (need_major, need_minor) = probe::split_version(probe::REQUIRED_DRIVER_VERSION);
+            return Err(GpuError::DriverTooOld {
+                found_major,
+                found_minor,
+                need_major,
+                need_minor,
+            });
+        }
+
+        let ctx = CudaContext::new(opts.ordinal).during("create the CUDA context")?;
+        // SAFETY: called before this context allocates anything, so every
+        // buffer is untracked; the runtime uses one stream for all work, so
+        // stream-order alone synchronizes it (no cross-stream events needed).
+        unsafe { ctx.disable_event_tracking() };
+
+        let name = ctx.name().during("read the device name")?;
+        let compute_capability = ctx
+            .compute_capability()
+            .during("read the compute capability")?;
+        probe::check_compute_capability(opts.ordinal, &name, compute_capability)?;
+        let sm_count = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .during("read the multiprocessor count")?;
+        let total_memory = ctx.total_mem().during("read the device memory size")?;
+        let stream = ctx.new_stream().during("create the capture stream")?;
+
+        probe::ensure_library(probe::Library::Nvrtc)?;
+        probe::ensure_library(probe::Library::Cublas)?;
+        let nvrtc_version = nvrtc::nvrtc_version()?;
+        let arch = format!("sm_{}{}", compute_capability.0, compute_capability.1);
+        let arch_num = compute_capability.0 * 10 + compute_capability.1;
+        let archs = nvrtc::supported_archs()?;
+        if !archs.contains(&arch_num) {
+            return Err(GpuError::UnsupportedArch {
+                arch,
+                nvrtc: format!("{}.{}", nvrtc_version.0, nvrtc_version.1),
+                supported: archs
+                    .iter()
+                    .map(|a| format!("sm_{a}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+
+        let cache_dir = opts.cache.resolve();
+        let kernels = KernelTable::load(&ctx, &arch, cache_dir.as_deref())?;
+        let blas = Blas::new(&stream)?;
+        let info = DeviceInfo {
+            ordinal: opts.ordinal,
+            name,
+            compute_capability,
+            arch,
+            sm_count,
+            total_memory,
+            driver_version: probe::split_version(driver_version),
+            nvrtc_version,
+        };
+        let gpu = Gpu {
+            scratch: ScratchSet::new(),
+            blas,
+            kernels,
+            current_op: Cell::new(None),
+            shared: Arc::new(Shared::default()),
+            info,
+            stream,
+            ctx,
+        };
+        gpu.presize_scratch(GEMM_WORKSPACE, opts.gemm_workspace.max(1))?;
+        let partials = std::mem::size_of::<f32>().saturating_mul(
+            usize::try_from(crate::kernels::reduce::MAX_PARTIALS).unwrap_or(usize::MAX),
+        );
+        gpu.presize_scratch(REDUCE_PARTIALS, partials)?;
+        gpu.warm_up()?;
+        Ok(gpu)
+    }
+
+    /// The device this context runs on.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// How each kernel module was obtained at start-up (cache hit or compile,
+    /// and how long it took).
+    pub fn compile_reports(&self) -> &[CompileReport] {
+        self.kernels.reports()
+    }
+
+    /// Whether cudarc tracks buffer uses with events (always false: turned
+    /// off at creation, before any allocation).
+    pub fn is_event_tracking(&self) -> bool {
+        self.ctx.is_event_tracking()
+    }
+
+    /// True when work runs on the legacy default stream (never: the context
+    /// owns a dedicated stream).
+    pub fn uses_legacy_stream(&self) -> bool {
+        self.stream.cu_stream().is_null()
+    }
+
+    /// The op the generated step code says is running, if any.
+    pub fn current_op(&self) -> Option<&'static str> {
+        self.current_op.get()
+    }
+
+    /// The capture stream, for launch wrappers in this crate.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// A loaded kernel, for launch wrappers in this crate.
+    pub(crate) fn kernel(&self, name: &'static str) -> Result<&CudaFunction, GpuError> {
+        self.kernels.get(name)
+    }
+
+    /// Runs `f` between two timing events on the capture stream and returns
+    /// its result with the GPU time in milliseconds. Refused during capture.
+    pub fn time_ms<R>(
+        &self,
+        f: impl FnOnce() -> Result<R, GpuError>,
+    ) -> Result<(R, f32), GpuError> {
+        self.refuse_in_capture("record timing events")?;
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.ctx.new_event(flags).during("create a timing event")?;
+        let end = self.ctx.new_event(flags).during("create a timing event")?;
+        start.record(&self.stream).during("record a timing event")?;
+        let out = f()?;
+        end.record(&self.stream).during("record a timing event")?;
+        let ms = start.elapsed_ms(&end).during("read a timing event")?;
+        Ok((out, ms))
+    }
+
+    /// Runs every kernel and GEMM flavour once, eagerly, then synchronizes.
+    fn warm_up(&self) -> Result<(), GpuError> {
+        use crate::kernels as k;
+        let mut a = self.alloc::<f32>(300)?;
+        let mut b = self.alloc::<f32>(300)?;
+        let mut c = self.alloc::<f32>(300)?;
+        let mut h = self.alloc::<half::bf16>(300)?;
+        k::fill(self, &mut a, 1.0)?;
+        k::fill(self, &mut b, 2.0)?;
+        k::axpy(self, 0.5, &a, &mut b)?;
+        k::mul(self, &a, &b, &mut c)?;
+        k::silu(self, &a, &mut c)?;
+        k::add_one(self, &mut c)?;
+        k::f32_to_bf16(self, &c, &mut h)?;
+        k::bf16_to_f32(self, &h, &mut a)?;
+        let mut out = self.alloc::<f32>(1)?;
+        k::sum_squares(self, &a, &mut out)?;
+        self.warm_up_blas()?;
+        self.synchronize()
+    }
+}
+
+fn driver_version() -> Result<i32, GpuError> {
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: `v` is a live stack integer; the driver library was found by
+    // `probe::driver_present` and cuDriverGetVersion needs no cuInit.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&raw mut v) }
+        .result()
+        .during("read the driver version")?;
+    Ok(v)
+}

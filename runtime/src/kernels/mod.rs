@@ -1,0 +1,124 @@
+//! The CUDA kernels: embedded sources, the loaded kernel table, and one typed
+//! launch wrapper per kernel.
+//!
+//! The `.cu` files live in the workspace's top-level `kernels/` folder and are
+//! embedded here with `include_str!`; [`Gpu::new`](crate::device::Gpu::new)
+//! compiles them with NVRTC for the device's own architecture (cached on disk,
+//! see [`device::nvrtc`](crate::device::nvrtc)), loads every function listed in
+//! [`MODULES`] and forces each to load (`cuFuncLoad`) before anything can be
+//! captured, so no kernel is loaded lazily inside a capture.
+//!
+//! The wrappers are the only place that pushes kernel arguments: each takes
+//! typed buffers, checks lengths and that every size fits the kernel's
+//! `unsigned` parameter (`u32::try_from`), and launches on the context's
+//! capture stream. They are plain functions `fn(&Gpu, ...) -> Result<(),
+//! GpuError>`, so a step spec can name them (or functions built from them) as
+//! ops directly.
+//!
+//! # Adding a kernel
+//!
+//! 1. Write it in `kernels/<family>.cu` as `extern "C" __global__`, element
+//!    count last as `unsigned n`, looping with `SG_FOR_EACH` from
+//!    `common.cuh` (a grid-stride loop with a 64-bit index).
+//! 2. List its name in that file's entry of [`MODULES`] (add an entry, with
+//!    `include_str!`, for a new file; a new shared header goes in [`HEADERS`]).
+//! 3. Write its wrapper next to the others: check lengths, convert sizes with
+//!    [`to_u32`](crate::device::to_u32), build the config with
+//!    [`launch::grid`], push arguments in the kernel's order, and launch
+//!    inside an `unsafe` block whose `// SAFETY:` names the lengths checked.
+//! 4. Test it against a host computation in `runtime/tests/gpu_kernels.rs`.
+
+pub mod elementwise;
+pub mod launch;
+pub mod reduce;
+mod table;
+
+pub use elementwise::{add_one, axpy, bf16_to_f32, f32_to_bf16, fill, mul, silu};
+pub use reduce::{sum_squares, sum_squares_blocks};
+pub(crate) use table::KernelTable;
+
+use crate::device::nvrtc::SourceFile;
+
+/// One `.cu` file and the kernels it defines.
+#[derive(Clone, Copy, Debug)]
+pub struct Module {
+    /// The source file.
+    pub source: SourceFile,
+    /// The `extern "C"` kernels it defines, all loaded at start-up.
+    pub functions: &'static [&'static str],
+}
+
+/// Headers the `.cu` files may `#include "..."`; served to NVRTC from memory.
+pub const HEADERS: &[SourceFile] = &[SourceFile {
+    file: "common.cuh",
+    src: include_str!("../../../kernels/common.cuh"),
+}];
+
+/// Every kernel module the runtime compiles and loads.
+pub const MODULES: &[Module] = &[
+    Module {
+        source: SourceFile {
+            file: "elementwise.cu",
+            src: include_str!("../../../kernels/elementwise.cu"),
+        },
+        functions: &["fill_f32", "axpy_f32", "mul_f32", "silu_f32", "add_one_f32"],
+    },
+    Module {
+        source: SourceFile {
+            file: "reduce.cu",
+            src: include_str!("../../../kernels/reduce.cu"),
+        },
+        functions: &["sumsq_partials_f32", "sum_partials_f32"],
+    },
+    Module {
+        source: SourceFile {
+            file: "convert.cu",
+            src: include_str!("../../../kernels/convert.cu"),
+        },
+        functions: &["f32_to_bf16", "bf16_to_f32"],
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_kernel_is_defined_in_its_file() {
+        for m in MODULES {
+            for f in m.functions {
+                assert!(
+                    m.source.src.contains(&format!("{f}(")),
+                    "{f} not defined in kernels/{}",
+                    m.source.file
+                );
+                assert!(m.source.src.contains("extern \"C\""), "{}", m.source.file);
+            }
+        }
+    }
+
+    #[test]
+    fn kernel_names_are_unique() {
+        let mut names: Vec<&str> = MODULES
+            .iter()
+            .flat_map(|m| m.functions.iter().copied())
+            .collect();
+        let total = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), total);
+    }
+
+    #[test]
+    fn block_size_matches_the_header() {
+        let hdr = HEADERS
+            .iter()
+            .find(|h| h.file == "common.cuh")
+            .map(|h| h.src)
+            .unwrap_or_default();
+        assert!(
+            hdr.contains(&format!("#define SG_BLOCK {}", launch::BLOCK)),
+            "SG_BLOCK != launch::BLOCK"
+        );
+    }
+}
