@@ -68,9 +68,25 @@ pub fn matmul_tn_acc<T: Float>(dw: &mut [T], dy: &[T], x: &[T], m: usize, n: usi
     });
 }
 
-/// Inner product.
+/// Inner product. Eight independent partial sums let the compiler vectorise
+/// (a single running sum is a serial dependency chain under strict IEEE
+/// semantics); the summation order is fixed, so results stay deterministic.
 pub fn dot<T: Float>(a: &[T], b: &[T]) -> T {
-    a.iter().zip(b).map(|(&x, &y)| x * y).sum()
+    let len = a.len().min(b.len());
+    let (a, b) = (&a[..len], &b[..len]);
+    let mut acc = [T::ZERO; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut tail = T::ZERO;
+    for (&x, &y) in ar.iter().zip(br) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
 /// `y += a * x`.
