@@ -377,3 +377,59 @@ pub struct InProjLayout {
     /// Total width (`d_in_proj`).
     pub width: usize,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_sizes_match_the_official_module() {
+        // Reference example: d_model 2048 with the Mamba3 defaults gives
+        // d_inner 4096, H 64, S 32 and an in_proj output of 8192 + 256 + 192 + 32.
+        let cfg = Mamba3Config {
+            d_model: 2048,
+            ..Mamba3Config::default()
+        };
+        cfg.validate().unwrap();
+        assert_eq!(
+            (cfg.d_inner(), cfg.nheads(), cfg.num_rope_angles()),
+            (4096, 64, 32)
+        );
+        assert_eq!(cfg.d_in_proj(), 8672);
+        let l = cfg.in_proj_layout();
+        assert_eq!(
+            (l.b, l.c, l.dd_dt, l.angles, l.width),
+            (8192, 8320, 8448, 8640, 8672)
+        );
+        let full = Mamba3Config {
+            rope_fraction: RopeFraction::Full,
+            ..cfg
+        };
+        assert_eq!(full.num_rope_angles(), 64);
+        assert_eq!(Mamba3Config::default().padded_vocab_size(), 50280);
+    }
+
+    #[test]
+    fn every_inconsistency_names_its_field() {
+        let cases: [(fn(&mut Mamba3Config), &str); 9] = [
+            (|c| c.d_model = 0, "d_model"),
+            (|c| c.headdim = 3, "ssm_cfg.headdim"),
+            (|c| c.ngroups = 3, "ssm_cfg.ngroups"),
+            (|c| c.d_state = 7, "ssm_cfg.d_state"),
+            (|c| c.d_state = 2, "ssm_cfg.d_state"),
+            (|c| c.dt_max = 1e-5, "ssm_cfg.dt_max"),
+            (|c| c.a_floor = f64::NAN, "ssm_cfg.A_floor"),
+            (|c| c.chunk_size = 0, "ssm_cfg.chunk_size"),
+            (|c| c.d_state = usize::MAX / 2, "ssm_cfg.d_state"),
+        ];
+        for (edit, field) in cases {
+            let mut cfg = Mamba3Config::tiny();
+            edit(&mut cfg);
+            match cfg.validate() {
+                Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        assert!(RopeFraction::from_f64(0.75).is_err());
+    }
+}

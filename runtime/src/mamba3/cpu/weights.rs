@@ -381,3 +381,70 @@ fn normal(rng: &mut ChaCha20Rng) -> f64 {
     let u2: f64 = rng.random();
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_shapes_are_the_official_state_dict() {
+        let cfg = Mamba3Config {
+            n_layer: 1,
+            is_outproj_norm: true,
+            tie_embeddings: false,
+            ..Mamba3Config::tiny()
+        };
+        let got: Vec<(String, Vec<usize>)> = param_specs(&cfg)
+            .into_iter()
+            .map(|s| (s.name, s.shape))
+            .collect();
+        let m = "backbone.layers.0.mixer";
+        let want: Vec<(String, Vec<usize>)> = vec![
+            ("backbone.embedding.weight".into(), vec![16, 8]),
+            ("backbone.layers.0.norm.weight".into(), vec![8]),
+            (
+                format!("{m}.in_proj.weight"),
+                vec![2 * 16 + 2 * 8 + 3 * 4 + 2, 8],
+            ),
+            (format!("{m}.dt_bias"), vec![4]),
+            (format!("{m}.B_bias"), vec![4, 1, 8]),
+            (format!("{m}.C_bias"), vec![4, 1, 8]),
+            (format!("{m}.B_norm.weight"), vec![8]),
+            (format!("{m}.C_norm.weight"), vec![8]),
+            (format!("{m}.D"), vec![4]),
+            (format!("{m}.norm.weight"), vec![16]),
+            (format!("{m}.out_proj.weight"), vec![8, 16]),
+            ("backbone.norm_f.weight".into(), vec![8]),
+            ("lm_head.weight".into(), vec![16, 8]),
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn init_is_seeded_and_official() {
+        let cfg = Mamba3Config::tiny();
+        let a = Weights::<f64>::init(&cfg, 9).unwrap();
+        assert_eq!(a, Weights::<f64>::init(&cfg, 9).unwrap());
+        assert_ne!(a, Weights::<f64>::init(&cfg, 10).unwrap());
+        let l = &a.layers[0];
+        assert!(
+            l.b_bias
+                .iter()
+                .chain(&l.c_bias)
+                .chain(&l.d)
+                .chain(&l.norm)
+                .all(|&v| v == 1.0)
+        );
+        let bound = 1.0 / 8f64.sqrt();
+        assert!(l.in_proj.iter().all(|v| v.abs() <= bound));
+        let out_bound = 1.0 / 16f64.sqrt() / 2f64.sqrt();
+        assert!(l.out_proj.iter().all(|v| v.abs() <= out_bound));
+        // dt = softplus(dt_bias) lies in [dt_min, dt_max].
+        for &b in &l.dt_bias {
+            let dt = b.exp().ln_1p();
+            assert!((1e-3 - 1e-12..=0.1 + 1e-12).contains(&dt), "{dt}");
+        }
+        let std = (a.embedding.iter().map(|v| v * v).sum::<f64>() / 128.0).sqrt();
+        assert!((0.01..0.03).contains(&std), "{std}");
+    }
+}
