@@ -263,7 +263,7 @@ impl Gpu {
     }
 
     /// Allocates a buffer holding a copy of `src`. Refused during capture.
-    pub fn upload<T: Element>(&self, src: &[T]) -> Result<DeviceBuffer<T>, GpuError> {
+    pub fn to_device<T: Element>(&self, src: &[T]) -> Result<DeviceBuffer<T>, GpuError> {
         let mut buf = self.alloc::<T>(src.len())?;
         self.copy_from_host(src, &mut buf)?;
         Ok(buf)
@@ -294,7 +294,7 @@ impl Gpu {
     }
 
     /// Copies `src` to a new host vector, waiting for it. Refused during capture.
-    pub fn download<T: Element>(&self, src: &DeviceBuffer<T>) -> Result<Vec<T>, GpuError> {
+    pub fn to_host<T: Element>(&self, src: &DeviceBuffer<T>) -> Result<Vec<T>, GpuError> {
         let mut out = vec![T::default(); src.len()];
         self.copy_to_host(src, &mut out)?;
         Ok(out)
