@@ -1,8 +1,8 @@
 //! Central finite differences in f64 against the analytic backward pass, on
 //! sampled entries of every parameter tensor, over configs covering
 //! rope_fraction 0.5 and 1.0, ngroups 1 and 2, is_outproj_norm on and off,
-//! tied and untied heads, B > 1, T = 130 (three chunks of 64) and a carried-in
-//! state.
+//! tied and untied heads, B > 1, T = 130 (three chunks of 64), a carried-in
+//! state, and both scan forms (each differentiated by its own reverse pass).
 
 mod cpu_common;
 
@@ -24,10 +24,9 @@ fn loss(
     w: &Weights<f64>,
     tokens: &Tokens,
     state: Option<&ModelState<f64>>,
+    mode: ScanMode,
 ) -> f64 {
-    forward(cfg, w, tokens, state, ScanMode::Recurrent)
-        .expect("forward")
-        .loss
+    forward(cfg, w, tokens, state, mode).expect("forward").loss
 }
 
 /// Fourth-order central difference: truncation error O(h^4), so h can stay
@@ -39,6 +38,7 @@ fn finite_difference(
     idx: usize,
     tokens: &Tokens,
     state: Option<&ModelState<f64>>,
+    mode: ScanMode,
 ) -> f64 {
     let values = w.tensors()[tensor];
     let orig = values[idx];
@@ -50,14 +50,21 @@ fn finite_difference(
     let h = 1e-3 * rms.clamp(1e-3, 1.0);
     let mut at = |delta: f64| {
         w.tensors_mut()[tensor][idx] = orig + delta;
-        loss(cfg, w, tokens, state)
+        loss(cfg, w, tokens, state, mode)
     };
     let (p1, m1, p2, m2) = (at(h), at(-h), at(2.0 * h), at(-2.0 * h));
     w.tensors_mut()[tensor][idx] = orig;
     (8.0 * (p1 - m1) - (p2 - m2)) / (12.0 * h)
 }
 
-fn check(cfg: &Mamba3Config, batch: usize, len: usize, seed: u64, carried: bool) -> f64 {
+fn check(
+    cfg: &Mamba3Config,
+    batch: usize,
+    len: usize,
+    seed: u64,
+    carried: bool,
+    mode: ScanMode,
+) -> f64 {
     let mut w = random_weights(cfg, seed);
     let tokens = random_tokens(cfg, batch, len, seed + 1);
     let state = carried.then(|| {
@@ -66,7 +73,7 @@ fn check(cfg: &Mamba3Config, batch: usize, len: usize, seed: u64, carried: bool)
             .expect("warm-up")
             .final_state
     });
-    let fwd = forward(cfg, &w, &tokens, state.as_ref(), ScanMode::Recurrent).expect("forward");
+    let fwd = forward(cfg, &w, &tokens, state.as_ref(), mode).expect("forward");
     let grads = backward(cfg, &w, &fwd);
     let specs = param_specs(cfg);
     let mut rng = ChaCha8Rng::seed_from_u64(seed + 3);
@@ -88,7 +95,7 @@ fn check(cfg: &Mamba3Config, batch: usize, len: usize, seed: u64, carried: bool)
             picks.push(candidates[rng.random_range(0..candidates.len())]);
         }
         for idx in picks {
-            let fd = finite_difference(cfg, &mut w, ti, idx, &tokens, state.as_ref());
+            let fd = finite_difference(cfg, &mut w, ti, idx, &tokens, state.as_ref(), mode);
             let an = g[idx];
             let rel = (fd - an).abs() / fd.abs().max(an.abs());
             assert!(
@@ -105,15 +112,17 @@ fn check(cfg: &Mamba3Config, batch: usize, len: usize, seed: u64, carried: bool)
 #[test]
 fn gradients_rope_half_one_group_plain_gate_tied() {
     let cfg = tiny(RopeFraction::Half, 1, false, true);
-    let worst = check(&cfg, 2, 130, 11, false);
+    let worst = check(&cfg, 2, 130, 11, false, ScanMode::Recurrent);
     eprintln!("max relative error (rope 0.5, G 1, no outproj norm, tied): {worst:e}");
 }
 
 #[test]
 fn gradients_rope_full_two_groups_outproj_norm_untied_carried() {
     let cfg = tiny(RopeFraction::Full, 2, true, false);
-    let worst = check(&cfg, 2, 130, 23, true);
-    eprintln!("max relative error (rope 1.0, G 2, outproj norm, untied, carried state): {worst:e}");
+    let worst = check(&cfg, 2, 130, 23, true, ScanMode::Chunked);
+    eprintln!(
+        "max relative error (rope 1.0, G 2, outproj norm, untied, carried state, chunked): {worst:e}"
+    );
 }
 
 #[test]
@@ -122,6 +131,6 @@ fn gradients_rope_half_two_groups_outproj_norm_short_chunks() {
         chunk_size: 5,
         ..tiny(RopeFraction::Half, 2, true, true)
     };
-    let worst = check(&cfg, 3, 17, 37, true);
-    eprintln!("max relative error (rope 0.5, G 2, outproj norm, chunk 5): {worst:e}");
+    let worst = check(&cfg, 3, 17, 37, true, ScanMode::Chunked);
+    eprintln!("max relative error (rope 0.5, G 2, outproj norm, chunk 5, chunked): {worst:e}");
 }

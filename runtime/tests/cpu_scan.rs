@@ -7,8 +7,8 @@ use cpu_common::{max_rel_diff, random_token_data, random_weights, tiny};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use stepgraph::mamba3::cpu::{
-    HeadCarry, HeadInputs, ModelState, ScanMode, Tokens, chunked_forward, forward,
-    recurrent_forward,
+    HeadCarry, HeadInputs, ModelState, ScanMode, Tokens, backward, chunked_backward,
+    chunked_forward, forward, recurrent_backward, recurrent_forward,
 };
 use stepgraph::mamba3::{Mamba3Config, RopeFraction};
 
@@ -61,6 +61,15 @@ fn recurrent_and_chunked_forward_agree_on_the_model() {
             let d_state =
                 max_rel_diff(&flat_state(&chk.final_state), &flat_state(&rec.final_state));
             let d_loss = (chk.loss - rec.loss).abs() / rec.loss;
+            let (gr, gc) = (backward(&cfg, &w, &rec), backward(&cfg, &w, &chk));
+            let d_grads = gr
+                .tensors()
+                .iter()
+                .zip(gc.tensors())
+                .map(|(a, b)| max_rel_diff(b, a))
+                .fold(0.0f64, f64::max);
+            eprintln!("recurrent vs chunked gradients (worst tensor): {d_grads:e}");
+            assert!(d_grads < 1e-12);
             eprintln!(
                 "recurrent vs chunked: logits {d_logits:e}, final state {d_state:e}, loss {d_loss:e}"
             );
@@ -202,4 +211,55 @@ fn inconsistent_scan_inputs_are_errors() {
     let err = recurrent_forward(&x, &carry, 64).unwrap_err();
     assert_eq!(err.to_string(), "scan input `dt` has 2 values, expected 3");
     assert!(chunked_forward(&x, &carry, 64).is_err());
+}
+
+#[test]
+fn chunked_backward_equals_recurrent_backward_per_head() {
+    let (p, n) = (4, 6);
+    for (len, chunk) in [(130, 64), (64, 64), (1, 64), (17, 1), (23, 5)] {
+        let d = head_data(len, p, n, 77);
+        let qk: Vec<f64> = (0..len)
+            .map(|t| (0..n).map(|j| d[0][t * n + j] * d[1][t * n + j]).sum())
+            .collect();
+        let x = HeadInputs {
+            q: &d[0],
+            k: &d[1],
+            v: &d[2],
+            adt: &d[3],
+            dt: &d[4],
+            lam: &d[5],
+            qk_raw: &qk,
+            d: 0.7,
+            p,
+            n,
+        };
+        let carry = HeadCarry {
+            ssm: &d[6],
+            k: &d[7],
+            v: &d[8],
+        };
+        let dy: Vec<f64> = head_data(len, p, n, 78)[2].clone();
+        let rec = recurrent_forward(&x, &carry, chunk).unwrap();
+        let rg = recurrent_backward(&x, &carry, &rec, &dy, chunk).unwrap();
+        let chk = chunked_forward(&x, &carry, chunk).unwrap();
+        let cg = chunked_backward(&x, &carry, &chk, &dy, chunk)
+            .unwrap()
+            .totals;
+        let diffs = [
+            ("dq", max_rel_diff(&cg.dq, &rg.dq)),
+            ("dk", max_rel_diff(&cg.dk, &rg.dk)),
+            ("dv", max_rel_diff(&cg.dv, &rg.dv)),
+            ("dadt", max_rel_diff(&cg.dadt, &rg.dadt)),
+            ("ddt", max_rel_diff(&cg.ddt, &rg.ddt)),
+            ("dlam", max_rel_diff(&cg.dlam, &rg.dlam)),
+            ("dD", max_rel_diff(&[cg.dd], &[rg.dd])),
+        ];
+        eprintln!("T {len}, chunk {chunk}: {diffs:?}");
+        for (name, diff) in diffs {
+            assert!(
+                diff < 1e-12,
+                "T {len}, chunk {chunk}: {name} differs by {diff:e}"
+            );
+        }
+    }
 }

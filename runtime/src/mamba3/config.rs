@@ -411,7 +411,8 @@ mod tests {
 
     #[test]
     fn every_inconsistency_names_its_field() {
-        let cases: [(fn(&mut Mamba3Config), &str); 9] = [
+        type Edit = fn(&mut Mamba3Config);
+        let cases: [(Edit, &str); 9] = [
             (|c| c.d_model = 0, "d_model"),
             (|c| c.headdim = 3, "ssm_cfg.headdim"),
             (|c| c.ngroups = 3, "ssm_cfg.ngroups"),

@@ -26,7 +26,7 @@ use super::weights::LayerWeights;
 use crate::mamba3::config::Mamba3Config;
 
 /// Which form of the scan the forward pass runs. Both give the same outputs
-/// (up to rounding); gradients always come from the recurrent reverse pass.
+/// (up to rounding), and so do their reverse passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ScanMode {
     /// Step-by-step recurrence (official `mamba3_siso_step_ref`).
@@ -66,7 +66,8 @@ pub struct MixerTape<T> {
     pub v: Vec<T>,
     /// Unrotated `Ĉ·B̂` `[B, H, T]`.
     pub qk_raw: Vec<T>,
-    /// Recurrent states entering each chunk, per (row, head) `[B, H, nchunks, P, N]`.
+    /// Recurrent states entering each chunk, per (row, head) `[B, H, nchunks, P, N]`
+    /// ([`ScanMode::Recurrent`] only; the chunked form keeps its own in `chunked`).
     pub checkpoints: Vec<T>,
     /// Chunked-form intermediates per (row, head), when run in [`ScanMode::Chunked`].
     pub chunked: Vec<ChunkedHead<T>>,
@@ -256,8 +257,7 @@ pub(crate) fn mixer_forward<T: Float>(
                 }
                 ScanMode::Chunked => {
                     let ch = chunked_forward_unchecked(&x, &c, chunk);
-                    let ck = recurrent_checkpoints(&x, &c, &ch, chunk);
-                    (ch.y.clone(), ch.final_state.clone(), ck, Some(ch))
+                    (ch.y.clone(), ch.final_state.clone(), Vec::new(), Some(ch))
                 }
             }
         })
@@ -307,31 +307,4 @@ pub(crate) fn mixer_forward<T: Float>(
     }
     let out = matmul_nt(&tape.o, &w.out_proj, rows, di, dm);
     (out, tape, next)
-}
-
-/// Recurrent chunk-entry states from the chunked form's pre-added states:
-/// `S_{c0-1} = S_c - dt_{c0} (1 - lam_{c0}) v_{c0-1} k_{c0-1}^T`.
-fn recurrent_checkpoints<T: Float>(
-    x: &HeadInputs<'_, T>,
-    carry: &HeadCarry<'_, T>,
-    ch: &ChunkedHead<T>,
-    chunk: usize,
-) -> Vec<T> {
-    let (p, n) = (x.p, x.n);
-    let mut ck = ch.chunk_states.clone();
-    for (c, st) in ck.chunks_mut(p * n).enumerate() {
-        let c0 = c * chunk.max(1);
-        let (kp, vp) = if c0 == 0 {
-            (carry.k, carry.v)
-        } else {
-            (&x.k[(c0 - 1) * n..c0 * n], &x.v[(c0 - 1) * p..c0 * p])
-        };
-        let wgt = x.dt[c0] * (T::ONE - x.lam[c0]);
-        for (row, &vv) in st.chunks_mut(n).zip(vp) {
-            for (s, &kk) in row.iter_mut().zip(kp) {
-                *s -= wgt * vv * kk;
-            }
-        }
-    }
-    ck
 }

@@ -9,13 +9,14 @@
 
 use rayon::prelude::*;
 
+use super::chunked_backward::chunked_backward_unchecked;
 use super::float::Float;
 use super::mixer::{MixerTape, head_carry};
 use super::ops::{
     axpy, heavy_tail, heavy_tail_grad, matmul_nn, matmul_tn_acc, rmsnorm_row_backward, silu,
     silu_grad, softplus_grad,
 };
-use super::scan::{HeadGrads, RecurrentOut, recurrent_backward_unchecked};
+use super::scan::{HeadGrads, recurrent_backward_unchecked};
 use super::weights::LayerWeights;
 use crate::mamba3::config::Mamba3Config;
 
@@ -87,14 +88,16 @@ pub(crate) fn mixer_backward<T: Float>(
         .map(|bh| {
             let x = tape.head_inputs(cfg, &w.d, bh / nh, bh % nh);
             let c = head_carry(cfg, &tape.carry, bh);
-            let ck_len = nck * p * n;
-            let fwd = RecurrentOut {
-                y: Vec::new(),
-                final_state: Vec::new(),
-                checkpoints: tape.checkpoints[bh * ck_len..(bh + 1) * ck_len].to_vec(),
-            };
             let dy = &dy_heads[bh * len * p..(bh + 1) * len * p];
-            recurrent_backward_unchecked(&x, &c, &fwd, dy, chunk)
+            // Reverse the form the forward pass ran; both give the same gradients.
+            match tape.chunked.get(bh) {
+                Some(ch) => chunked_backward_unchecked(&x, &c, ch, dy, chunk).totals,
+                None => {
+                    let ck_len = nck * p * n;
+                    let ck = &tape.checkpoints[bh * ck_len..(bh + 1) * ck_len];
+                    recurrent_backward_unchecked(&x, &c, ck, dy, chunk)
+                }
+            }
         })
         .collect();
 

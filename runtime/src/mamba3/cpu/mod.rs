@@ -11,6 +11,7 @@
 //! checked against one (row, head) at a time.
 
 mod chunked;
+mod chunked_backward;
 mod float;
 mod mixer;
 mod mixer_backward;
@@ -22,6 +23,7 @@ mod tokens;
 mod weights;
 
 pub use chunked::{ChunkedHead, chunked_forward};
+pub use chunked_backward::{ChunkedHeadGrads, chunked_backward};
 pub use float::Float;
 pub use mixer::{MixerTape, ScanMode};
 pub use model::{

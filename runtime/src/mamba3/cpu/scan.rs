@@ -231,14 +231,20 @@ pub fn recurrent_backward<T: Float>(
             });
         }
     }
-    Ok(recurrent_backward_unchecked(x, carry, fwd, dy, chunk))
+    Ok(recurrent_backward_unchecked(
+        x,
+        carry,
+        &fwd.checkpoints,
+        dy,
+        chunk,
+    ))
 }
 
 /// [`recurrent_backward`] for inputs the model built itself.
 pub(crate) fn recurrent_backward_unchecked<T: Float>(
     x: &HeadInputs<'_, T>,
     carry: &HeadCarry<'_, T>,
-    fwd: &RecurrentOut<T>,
+    checkpoints: &[T],
     dy: &[T],
     chunk: usize,
 ) -> HeadGrads<T> {
@@ -267,7 +273,7 @@ pub(crate) fn recurrent_backward_unchecked<T: Float>(
     };
     for c in (0..nchunks).rev() {
         let (c0, c1) = (c * chunk, ((c + 1) * chunk).min(len));
-        states[..pn].copy_from_slice(&fwd.checkpoints[c * pn..(c + 1) * pn]);
+        states[..pn].copy_from_slice(&checkpoints[c * pn..(c + 1) * pn]);
         for t in c0..c1 {
             let j = t - c0;
             let (before, after) = states.split_at_mut((j + 1) * pn);
