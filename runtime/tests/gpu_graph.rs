@@ -157,11 +157,11 @@ fn replay_matches_eager_bit_for_bit_over_100_fresh_inputs() {
         PtrSnapshot::take("z", &b.z),
         PtrSnapshot::take(
             "scratch:reduce_partials",
-            &ScratchPtrs::new(&gpu, REDUCE_PARTIALS),
+            &ScratchPtrs::new(&*gpu, REDUCE_PARTIALS),
         ),
         PtrSnapshot::take(
             "scratch:gemm_workspace",
-            &ScratchPtrs::new(&gpu, GEMM_WORKSPACE),
+            &ScratchPtrs::new(&*gpu, GEMM_WORKSPACE),
         ),
     ];
     let exec = capture(&gpu, &mut b);
@@ -185,10 +185,10 @@ fn replay_matches_eager_bit_for_bit_over_100_fresh_inputs() {
             snap.verify("Test", buf).unwrap();
         }
         snaps[4]
-            .verify("Test", &ScratchPtrs::new(&gpu, REDUCE_PARTIALS))
+            .verify("Test", &ScratchPtrs::new(&*gpu, REDUCE_PARTIALS))
             .unwrap();
         snaps[5]
-            .verify("Test", &ScratchPtrs::new(&gpu, GEMM_WORKSPACE))
+            .verify("Test", &ScratchPtrs::new(&*gpu, GEMM_WORKSPACE))
             .unwrap();
         gpu.launch(&exec).unwrap();
         let replayed = outputs(&gpu, &b);
@@ -366,7 +366,7 @@ fn frozen_scratch_refuses_growth_with_a_typed_error() {
     gpu.presize_scratch(HALF_STAGING, 4096).unwrap();
     let snap = PtrSnapshot::take(
         "scratch:half_staging",
-        &ScratchPtrs::new(&gpu, HALF_STAGING),
+        &ScratchPtrs::new(&*gpu, HALF_STAGING),
     );
     assert_eq!(snap.tensors().len(), 1);
 
@@ -395,7 +395,7 @@ fn frozen_scratch_refuses_growth_with_a_typed_error() {
         gpu.scratch_view::<f32>(HALF_STAGING, 1024).unwrap().len(),
         1024
     );
-    snap.verify("Test", &ScratchPtrs::new(&gpu, HALF_STAGING))
+    snap.verify("Test", &ScratchPtrs::new(&*gpu, HALF_STAGING))
         .unwrap();
     // A reduction never needs more than the presized partials, frozen or not.
     let x = gpu.to_device(&vec![1.0f32; 5_000_000]).unwrap();
@@ -408,7 +408,7 @@ fn frozen_scratch_refuses_growth_with_a_typed_error() {
     gpu.presize_scratch(HALF_STAGING, 1 << 20).unwrap();
     assert!(gpu.scratch_bytes(HALF_STAGING).unwrap() >= 1 << 20);
     let err = snap
-        .verify("Test", &ScratchPtrs::new(&gpu, HALF_STAGING))
+        .verify("Test", &ScratchPtrs::new(&*gpu, HALF_STAGING))
         .unwrap_err();
     assert!(err.is_stale_graph(), "{err}");
     println!("{err}");

@@ -87,6 +87,7 @@ fn kernel_cache_child() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn damaged_cache_entries_are_recompiled() {
+    let _serial = gpu_common::serial();
     let dir = tempfile::tempdir().unwrap();
     let opts = || stepgraph::device::GpuOptions {
         cache: stepgraph::device::CachePolicy::Dir(dir.path().to_path_buf()),

@@ -365,11 +365,24 @@ impl Gpu {
     /// during capture.
     pub fn alloc_pinned<T: Element>(&self, len: usize) -> Result<PinnedBuffer<T>, GpuError> {
         self.refuse_in_capture("allocate pinned host memory")?;
-        // cudarc asserts on byte-count overflow; check first so bad input is an error.
-        super::error::checked_elems("pinned buffer bytes", len.max(1), std::mem::size_of::<T>())?;
+        // cudarc asserts on the byte count; check first so bad input is an error.
+        let bytes = super::error::checked_elems(
+            "pinned buffer bytes",
+            len.max(1),
+            std::mem::size_of::<T>(),
+        )?;
+        if isize::try_from(bytes).is_err() {
+            return Err(GpuError::SizeOverflow {
+                what: "pinned buffer bytes",
+                value: u128::try_from(bytes).unwrap_or(u128::MAX),
+                target: "isize",
+            });
+        }
+        // Flags 0: plain page-locked memory. cudarc's default adds
+        // write-combining, which makes host reads of downloads very slow.
         // SAFETY: the memory is uninitialised until the `fill` below, and
         // nothing reads it before; `Element` types accept any bits anyway.
-        let host = unsafe { self.ctx.alloc_pinned::<T>(len.max(1)) }
+        let host = unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
             .during("allocate pinned host memory")?;
         let done = self
             .ctx

@@ -32,49 +32,54 @@ pub struct CudaToolkit {
 }
 
 /// Finds the toolkit from `CUDA_HOME`, then `CUDA_PATH`, then
-/// [`DEFAULT_CUDA_ROOT`].
+/// [`DEFAULT_CUDA_ROOT`], then the folder above an `nvcc` on `PATH` (a
+/// toolkit installed elsewhere without the usual symlink).
 ///
 /// A variable that is set but points at a folder without the headers is an
 /// error naming it, rather than a silent fall-through to another toolkit.
 pub fn find_toolkit(
     cuda_home: Option<OsString>,
     cuda_path: Option<OsString>,
+    path: Option<OsString>,
     exists: &dyn Fn(&Path) -> bool,
 ) -> Result<CudaToolkit, GpuError> {
-    let candidates = |root: &Path| {
+    let include_of = |root: &Path| {
         [
             root.join("include"),
             root.join("targets").join("x86_64-linux").join("include"),
         ]
+        .into_iter()
+        .find(|inc| exists(&inc.join(MARKER_HEADER)))
     };
     for (var, value) in [("CUDA_HOME", cuda_home), ("CUDA_PATH", cuda_path)] {
         let Some(value) = value.filter(|v| !v.is_empty()) else {
             continue;
         };
         let root = PathBuf::from(value);
-        return match candidates(&root)
-            .into_iter()
-            .find(|inc| exists(&inc.join(MARKER_HEADER)))
-        {
+        return match include_of(&root) {
             Some(include) => Ok(CudaToolkit { root, include }),
             None => Err(GpuError::CudaHeadersNotFound {
                 reason: format!("{var}={} has no include/{MARKER_HEADER}", root.display()),
             }),
         };
     }
-    let root = PathBuf::from(DEFAULT_CUDA_ROOT);
-    match candidates(&root)
-        .into_iter()
-        .find(|inc| exists(&inc.join(MARKER_HEADER)))
-    {
-        Some(include) => Ok(CudaToolkit { root, include }),
-        None => Err(GpuError::CudaHeadersNotFound {
-            reason: format!(
-                "CUDA_HOME and CUDA_PATH are unset and {}/include/{MARKER_HEADER} does not exist",
-                root.display()
-            ),
-        }),
+    let default = PathBuf::from(DEFAULT_CUDA_ROOT);
+    let from_nvcc = path
+        .iter()
+        .flat_map(std::env::split_paths)
+        .find(|dir| exists(&dir.join("nvcc")))
+        .and_then(|bin| bin.parent().map(Path::to_path_buf));
+    for root in std::iter::once(default.clone()).chain(from_nvcc) {
+        if let Some(include) = include_of(&root) {
+            return Ok(CudaToolkit { root, include });
+        }
     }
+    Err(GpuError::CudaHeadersNotFound {
+        reason: format!(
+            "CUDA_HOME and CUDA_PATH are unset, {}/include/{MARKER_HEADER} does not exist and no nvcc on PATH has it",
+            default.display()
+        ),
+    })
 }
 
 /// The toolkit found from the process environment.
@@ -82,6 +87,7 @@ pub fn toolkit_from_env() -> Result<CudaToolkit, GpuError> {
     find_toolkit(
         std::env::var_os("CUDA_HOME"),
         std::env::var_os("CUDA_PATH"),
+        std::env::var_os("PATH"),
         &|p| p.is_file(),
     )
 }
@@ -105,6 +111,12 @@ fn library_roots() -> Vec<PathBuf> {
         }
     }
     roots.push(PathBuf::from(DEFAULT_CUDA_ROOT));
+    if let Some(path) = std::env::var_os("PATH") {
+        let nvcc_root = std::env::split_paths(&path)
+            .find(|dir| dir.join("nvcc").is_file())
+            .and_then(|bin| bin.parent().map(Path::to_path_buf));
+        roots.extend(nvcc_root);
+    }
     roots
 }
 
@@ -253,11 +265,17 @@ mod tests {
             "/opt/cuda-13/include/cuda_bf16.h",
             "/usr/local/cuda/include/cuda_bf16.h",
         ]);
-        let tk = find_toolkit(Some("/opt/cuda-13".into()), Some("/other".into()), &exists).unwrap();
+        let tk = find_toolkit(
+            Some("/opt/cuda-13".into()),
+            Some("/other".into()),
+            None,
+            &exists,
+        )
+        .unwrap();
         assert_eq!(tk.root, PathBuf::from("/opt/cuda-13"));
         assert_eq!(tk.include, PathBuf::from("/opt/cuda-13/include"));
 
-        let err = find_toolkit(Some("/nope".into()), None, &exists).unwrap_err();
+        let err = find_toolkit(Some("/nope".into()), None, None, &exists).unwrap_err();
         let msg = err.to_string();
         assert!(
             msg.contains("CUDA_HOME=/nope has no include/cuda_bf16.h"),
@@ -272,17 +290,51 @@ mod tests {
             "/c/targets/x86_64-linux/include/cuda_bf16.h",
             "/usr/local/cuda/include/cuda_bf16.h",
         ]);
-        let tk = find_toolkit(None, Some("/c".into()), &exists).unwrap();
+        let tk = find_toolkit(None, Some("/c".into()), None, &exists).unwrap();
         assert_eq!(tk.include, PathBuf::from("/c/targets/x86_64-linux/include"));
-        let tk = find_toolkit(Some("".into()), None, &exists).unwrap();
+        let tk = find_toolkit(Some("".into()), None, None, &exists).unwrap();
         assert_eq!(tk.root, PathBuf::from("/usr/local/cuda"));
-        let err = find_toolkit(None, Some("/d".into()), &exists).unwrap_err();
+        let err = find_toolkit(None, Some("/d".into()), None, &exists).unwrap_err();
         assert!(err.to_string().contains("CUDA_PATH=/d"), "{err}");
     }
 
     #[test]
+    fn nvcc_on_path_is_the_last_resort() {
+        let exists = fs(&[
+            "/opt/cuda-13.0/bin/nvcc",
+            "/opt/cuda-13.0/include/cuda_bf16.h",
+        ]);
+        let tk = find_toolkit(
+            None,
+            None,
+            Some("/usr/bin:/opt/cuda-13.0/bin".into()),
+            &exists,
+        )
+        .unwrap();
+        assert_eq!(tk.root, PathBuf::from("/opt/cuda-13.0"));
+        assert_eq!(tk.include, PathBuf::from("/opt/cuda-13.0/include"));
+        let both = fs(&[
+            "/opt/cuda-13.0/bin/nvcc",
+            "/opt/cuda-13.0/include/cuda_bf16.h",
+            "/usr/local/cuda/include/cuda_bf16.h",
+        ]);
+        let tk = find_toolkit(None, None, Some("/opt/cuda-13.0/bin".into()), &both).unwrap();
+        assert_eq!(
+            tk.root,
+            PathBuf::from("/usr/local/cuda"),
+            "the default comes first"
+        );
+    }
+
+    #[test]
     fn nothing_found_names_cuda_home() {
-        let err = find_toolkit(None, None, &|_| false).unwrap_err();
+        let err = find_toolkit(
+            None,
+            None,
+            Some("/usr/bin:/opt/cuda-13.0/bin".into()),
+            &|_| false,
+        )
+        .unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("CUDA_HOME and CUDA_PATH are unset"), "{msg}");
         assert!(msg.contains("/usr/local/cuda/include/cuda_bf16.h"), "{msg}");

@@ -7,14 +7,43 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use stepgraph::device::Gpu;
 
+/// Serialises the GPU tests of one binary: libtest runs tests on parallel
+/// threads, and another test creating or destroying a context (cuBLAS
+/// destroys synchronize the device) while one captures would make results
+/// depend on timing.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A context that holds the [`serial`] lock while it lives.
+pub struct TestGpu {
+    // Dropped before the lock is released.
+    gpu: Gpu,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for TestGpu {
+    type Target = Gpu;
+    fn deref(&self) -> &Gpu {
+        &self.gpu
+    }
+}
+
 /// A context on GPU 0, or a test failure saying why there is none.
-pub fn gpu() -> Gpu {
+pub fn gpu() -> TestGpu {
+    let serial = serial();
     match Gpu::new(0) {
-        Ok(gpu) => gpu,
+        Ok(gpu) => TestGpu {
+            gpu,
+            _serial: serial,
+        },
         Err(e) => panic!("GPU test needs a usable CUDA GPU: {e}"),
     }
 }
