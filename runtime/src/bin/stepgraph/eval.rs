@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use stepgraph::mamba3::checkpoint::{self, CheckpointError};
-use stepgraph::mamba3::cpu::{Float, ModelError, ScanMode, TokenError, Tokens, backward, forward};
+use stepgraph::mamba3::cpu::{
+    Float, ModelError, ScanMode, TokenError, Tokens, forward, try_backward,
+};
 
 /// Arguments of `stepgraph eval`.
 #[derive(clap::Args)]
@@ -70,7 +72,7 @@ fn evaluate<T: Float>(args: &Args) -> Result<String, EvalError> {
     let tokens = read_tokens(&args.tokens, cfg.vocab_size)?;
     let out = forward(&cfg, &weights, &tokens, None, ScanMode::Chunked)?;
     if let Some(path) = &args.grads_out {
-        let grads = backward(&cfg, &weights, &out);
+        let grads = try_backward(&cfg, &weights, &out)?;
         let named: Vec<(String, Vec<usize>, &[T])> = grads
             .named(&cfg)
             .into_iter()

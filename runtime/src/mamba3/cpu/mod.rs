@@ -43,6 +43,7 @@ pub use float::Float;
 pub use mixer::{MixerTape, ScanMode};
 pub use model::{
     BlockTape, ForwardOutput, ModelError, backward, check_weights, forward, loss_and_grads,
+    try_backward,
 };
 pub use scan::{
     HeadCarry, HeadGrads, HeadInputs, RecurrentOut, ScanShapeError, recurrent_backward,

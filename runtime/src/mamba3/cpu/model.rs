@@ -43,14 +43,26 @@ pub enum ModelError {
         /// Element count present.
         found: usize,
     },
-    /// A token id addresses no embedding row (only when the batch was
-    /// validated against a larger vocabulary than this model's).
-    #[error("token id {token} exceeds this model's vocabulary ({vocab_size})")]
+    /// A token id outside this model's vocabulary (only possible when the
+    /// batch was validated against a larger vocabulary than the model's).
+    #[error("token id {token} is outside this model's vocabulary [0, {vocab_size})")]
     TokenVocabulary {
         /// The id.
         token: usize,
         /// The model's vocabulary size.
         vocab_size: usize,
+    },
+    /// [`backward`] was given a forward pass of a different model or batch.
+    #[error(
+        "forward output does not match this model: {what} has {found} values, expected {expected}"
+    )]
+    ForwardMismatch {
+        /// The part that does not fit.
+        what: &'static str,
+        /// Size this model implies.
+        expected: usize,
+        /// Size found.
+        found: usize,
     },
 }
 
@@ -164,16 +176,16 @@ pub fn forward<T: Float>(
     let rows = batch * len;
     let eps = T::from_f64(cfg.norm_eps);
 
+    let mut ids = tokens.inputs().iter().chain(tokens.targets());
+    if let Some(&token) = ids.find(|&&id| id >= cfg.vocab_size) {
+        return Err(ModelError::TokenVocabulary {
+            token,
+            vocab_size: cfg.vocab_size,
+        });
+    }
     let mut h = Vec::with_capacity(rows * dm);
     for &id in tokens.inputs() {
-        let row = w
-            .embedding
-            .get(id * dm..(id + 1) * dm)
-            .ok_or(ModelError::TokenVocabulary {
-                token: id,
-                vocab_size: vocab,
-            })?;
-        h.extend_from_slice(row);
+        h.extend_from_slice(&w.embedding[id * dm..(id + 1) * dm]);
     }
     let mut blocks = Vec::with_capacity(cfg.n_layer);
     let mut final_state = ModelState {
@@ -226,8 +238,77 @@ fn mean_cross_entropy<T: Float>(logits: &[T], targets: &[usize], vocab: usize) -
     total / f64::from_count(targets.len().max(1))
 }
 
+/// Checks that `fwd` came from a forward pass of this model.
+fn check_forward<T: Float>(cfg: &Mamba3Config, fwd: &ForwardOutput<T>) -> Result<(), ModelError> {
+    let rows = fwd.tokens.count();
+    let (dm, e) = (cfg.d_model, cfg.d_in_proj());
+    let mut parts = vec![
+        ("blocks", fwd.blocks.len(), cfg.n_layer),
+        ("logits", fwd.logits.len(), rows * cfg.padded_vocab_size()),
+        ("h_final", fwd.h_final.len(), rows * dm),
+        ("normed", fwd.normed.len(), rows * dm),
+        ("rstd_f", fwd.rstd_f.len(), rows),
+    ];
+    for b in &fwd.blocks {
+        let m = &b.mixer;
+        let heads = m.batch * cfg.nheads();
+        let chunked_heads = if m.chunked.is_empty() {
+            heads
+        } else {
+            m.chunked.len()
+        };
+        let ck = if m.chunked.is_empty() {
+            heads * m.len.div_ceil(cfg.chunk_size.max(1)) * cfg.headdim * cfg.d_state
+        } else {
+            m.checkpoints.len()
+        };
+        parts.extend([
+            ("block input", b.h_in.len(), rows * dm),
+            ("block rstd", b.rstd.len(), rows),
+            ("mixer rows", m.batch * m.len, rows),
+            ("mixer projection", m.proj.len(), rows * e),
+            ("mixer chunked heads", chunked_heads, heads),
+            ("mixer checkpoints", m.checkpoints.len(), ck),
+            (
+                "mixer carried state",
+                m.carry.ssm.len(),
+                heads * cfg.headdim * cfg.d_state,
+            ),
+        ]);
+    }
+    for (what, found, expected) in parts {
+        if found != expected {
+            return Err(ModelError::ForwardMismatch {
+                what,
+                expected,
+                found,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// [`backward`] after checking that the weights fit `cfg` and that `fwd`
+/// came from a forward pass of this model: a mismatch is an error, not a panic.
+pub fn try_backward<T: Float>(
+    cfg: &Mamba3Config,
+    w: &Weights<T>,
+    fwd: &ForwardOutput<T>,
+) -> Result<Grads<T>, ModelError> {
+    check_weights(cfg, w)?;
+    check_forward(cfg, fwd)?;
+    Ok(backward(cfg, w, fwd))
+}
+
 /// Gradient of the mean loss with respect to every parameter (the carried-in
-/// state is treated as a constant).
+/// state is treated as a constant). The softmax is recomputed from
+/// `fwd.logits`, so a caller may edit the logits (e.g. to mask positions)
+/// before calling.
+///
+/// # Panics
+///
+/// If `fwd` did not come from [`forward`] with the same `cfg` and `w` (sizes
+/// disagree); [`try_backward`] checks this and returns an error instead.
 pub fn backward<T: Float>(cfg: &Mamba3Config, w: &Weights<T>, fwd: &ForwardOutput<T>) -> Grads<T> {
     let mut g = Weights::zeros(cfg);
     let (dm, vocab) = (cfg.d_model, cfg.padded_vocab_size());
