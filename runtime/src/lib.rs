@@ -11,7 +11,9 @@
 //!   scratch, and the graph backend;
 //! * [`kernels`]: the embedded CUDA kernels and their typed launch wrappers;
 //! * [`mamba3`]: the Mamba-3 SISO language model (CPU float64 oracle first);
-//! * [`optim`]: AdamW with torch semantics.
+//! * [`optim`]: AdamW with torch semantics;
+//! * [`train`]: data, the step-engine seam, the CPU engine, checkpoints and
+//!   the training loop behind `stepgraph train`.
 //!
 //! The `stepgraph` binary wraps all of it: `train`, `eval`, `bench`, `check`.
 
@@ -23,5 +25,6 @@ pub mod graph;
 pub mod kernels;
 pub mod mamba3;
 pub mod optim;
+pub mod train;
 
 pub use stepgraph_macros::{DevicePtrs, TrainingGraph};

@@ -5,6 +5,7 @@
 mod check;
 mod eval;
 mod init;
+mod train;
 
 use std::process::ExitCode;
 
@@ -26,6 +27,8 @@ enum Command {
     Eval(eval::Args),
     /// Write a checkpoint with fresh official-init weights.
     Init(init::Args),
+    /// Train a Mamba-3 model on a synthetic task or a token file.
+    Train(Box<train::Args>),
 }
 
 fn main() -> ExitCode {
@@ -52,5 +55,6 @@ fn main() -> ExitCode {
         Command::Check(args) => check::run(&args),
         Command::Eval(args) => eval::run(&args),
         Command::Init(args) => init::run(&args),
+        Command::Train(args) => train::run(&args),
     }
 }

@@ -1,0 +1,304 @@
+//! `stepgraph train`: trains a Mamba-3 model on a synthetic task or a token
+//! file. With no arguments it runs the default job: parity on a tiny model,
+//! on the GPU engine when one is available, else on the CPU (with a notice).
+//!
+//! Flags become [`TrainOptions`]; the loop lives in `stepgraph::train`. Exit
+//! codes: 0 finished or interrupted cleanly (Ctrl-C checkpoints first), 1 a
+//! failure (one `error:` line), 2 a usage error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use stepgraph::optim::DecayPolicy;
+use stepgraph::train::data::{DataFormat, DataSpec, Task};
+use stepgraph::train::report::{ProgressMode, clock, human};
+use stepgraph::train::run::ModelSize;
+use stepgraph::train::{Device, Precision, RunSummary, TrainOptions, train};
+
+/// Arguments of `stepgraph train`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Synthetic task (ignored with --data).
+    #[arg(long, value_enum, default_value_t = TaskArg::Parity)]
+    task: TaskArg,
+    /// Largest problem size trained on (sizes are drawn from the task's minimum up to it).
+    #[arg(long, default_value_t = 16)]
+    train_len: usize,
+    /// Problem sizes evaluated (comma-separated); larger than --train-len tests length generalization.
+    #[arg(long, value_delimiter = ',', default_values_t = [16, 32, 64])]
+    eval_lens: Vec<usize>,
+    /// Train on this file instead of a task.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// How --data encodes tokens.
+    #[arg(long, value_enum, default_value_t = FormatArg::Bytes)]
+    data_format: FormatArg,
+    /// Vocabulary size of a u16/u32 token file (every id must be below it).
+    #[arg(long)]
+    vocab_size: Option<usize>,
+    /// Fraction of --data held out (at its end) for evaluation.
+    #[arg(long, default_value_t = 0.1)]
+    eval_fraction: f64,
+    /// Window length T of --data batches.
+    #[arg(long, default_value_t = 64)]
+    seq_len: usize,
+    /// Residual width.
+    #[arg(long, default_value_t = 32)]
+    d_model: usize,
+    /// Number of Mamba-3 blocks.
+    #[arg(long, default_value_t = 1)]
+    n_layer: usize,
+    /// State size N.
+    #[arg(long, default_value_t = 16)]
+    d_state: usize,
+    /// Head dimension P.
+    #[arg(long, default_value_t = 16)]
+    headdim: usize,
+    /// d_inner = expand * d_model.
+    #[arg(long, default_value_t = 2)]
+    expand: usize,
+    /// Rotate every state dim (rope_fraction 1.0) instead of half.
+    #[arg(long)]
+    full_rope: bool,
+    /// Where the step runs: auto picks a GPU engine when one is available.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    device: DeviceArg,
+    /// Compute precision (bf16 needs a GPU).
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    precision: PrecisionArg,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Training steps.
+    #[arg(long, default_value_t = 600)]
+    steps: u64,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f64,
+    /// Learning rate at the end of the cosine.
+    #[arg(long, default_value_t = 1e-4)]
+    min_lr: f64,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 30)]
+    warmup: u64,
+    /// AdamW decoupled weight decay.
+    #[arg(long, default_value_t = 0.1)]
+    weight_decay: f64,
+    /// Which tensors decay: matrices (embedding, projections), all, or none.
+    #[arg(long, value_enum, default_value_t = DecayArg::Matrices)]
+    decay: DecayArg,
+    /// Global gradient-norm clip (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    clip: f64,
+    /// Seed of weights and data.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Evaluate every N steps (0: only at the end).
+    #[arg(long, default_value_t = 100)]
+    eval_every: u64,
+    /// Plain progress line every N steps (when stderr is not a terminal).
+    #[arg(long, default_value_t = 50)]
+    log_every: u64,
+    /// Checkpoint every N steps (0: only at the end).
+    #[arg(long, default_value_t = 200)]
+    checkpoint_every: u64,
+    /// Checkpoints kept.
+    #[arg(long, default_value_t = 3)]
+    keep: usize,
+    /// Run directory (default: runs/<UTC timestamp>).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// Continue from a checkpoint (or the newest one of a run directory).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Stop after this step as if interrupted (checkpoint, exit 0).
+    #[arg(long)]
+    stop_after: Option<u64>,
+    /// Progress display: auto (bar on a terminal), plain lines, or quiet.
+    #[arg(long, value_enum, default_value_t = ProgressArg::Auto)]
+    progress: ProgressArg,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum TaskArg {
+    Parity,
+    Modarith,
+    Copy,
+    Mqar,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum FormatArg {
+    Bytes,
+    U16,
+    U32,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DeviceArg {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PrecisionArg {
+    F32,
+    Bf16,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DecayArg {
+    Matrices,
+    All,
+    None,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ProgressArg {
+    Auto,
+    Plain,
+    Quiet,
+}
+
+fn options(a: &Args) -> TrainOptions {
+    let data = match &a.data {
+        Some(path) => DataSpec::File {
+            path: path.clone(),
+            format: match a.data_format {
+                FormatArg::Bytes => DataFormat::Bytes,
+                FormatArg::U16 => DataFormat::U16,
+                FormatArg::U32 => DataFormat::U32,
+            },
+            vocab_size: a.vocab_size,
+            eval_fraction: a.eval_fraction,
+            seq_len: a.seq_len,
+        },
+        None => DataSpec::Task {
+            task: match a.task {
+                TaskArg::Parity => Task::Parity,
+                TaskArg::Modarith => Task::Modarith,
+                TaskArg::Copy => Task::Copy,
+                TaskArg::Mqar => Task::Mqar,
+            },
+            train_len: a.train_len,
+            eval_lens: a.eval_lens.clone(),
+        },
+    };
+    TrainOptions {
+        data,
+        model: ModelSize {
+            d_model: a.d_model,
+            n_layer: a.n_layer,
+            d_state: a.d_state,
+            headdim: a.headdim,
+            expand: a.expand,
+            full_rope: a.full_rope,
+        },
+        device: match a.device {
+            DeviceArg::Auto => Device::Auto,
+            DeviceArg::Cpu => Device::Cpu,
+            DeviceArg::Cuda => Device::Cuda,
+        },
+        precision: match a.precision {
+            PrecisionArg::F32 => Precision::F32,
+            PrecisionArg::Bf16 => Precision::Bf16,
+        },
+        batch: a.batch,
+        steps: a.steps,
+        lr: a.lr,
+        min_lr: a.min_lr,
+        warmup: a.warmup,
+        weight_decay: a.weight_decay,
+        decay: match a.decay {
+            DecayArg::Matrices => DecayPolicy::MatricesOnly,
+            DecayArg::All => DecayPolicy::All,
+            DecayArg::None => DecayPolicy::Nothing,
+        },
+        clip: (a.clip > 0.0).then_some(a.clip),
+        seed: a.seed,
+        eval_every: a.eval_every,
+        log_every: a.log_every,
+        checkpoint_every: a.checkpoint_every,
+        keep: a.keep,
+        run_dir: a.run_dir.clone(),
+        resume: a.resume.clone(),
+        stop_after: a.stop_after,
+        progress: match a.progress {
+            ProgressArg::Auto => ProgressMode::Auto,
+            ProgressArg::Plain => ProgressMode::Plain,
+            ProgressArg::Quiet => ProgressMode::Quiet,
+        },
+    }
+}
+
+/// Runs the job; prints the summary (exit 0) or one error line (exit 1, or 2
+/// for a usage error).
+pub fn run(args: &Args) -> ExitCode {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    // The first Ctrl-C asks the loop to finish its step and checkpoint; a
+    // second one exits at once, for a user who does not want to wait.
+    let handler = ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupt: finishing the current step, then saving a checkpoint");
+    });
+    if let Err(e) = handler {
+        eprintln!("warning: Ctrl-C will not checkpoint ({e})");
+    }
+    match train(&options(args), &stop) {
+        Ok(summary) => {
+            if args.progress != ProgressArg::Quiet || summary.interrupted {
+                print_summary(&summary);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn print_summary(s: &RunSummary) {
+    let status = if s.interrupted { "stopped" } else { "done" };
+    println!(
+        "{status}: step {}/{} in {} on {} ({} tok/s); train loss {:.4} -> {:.4}{}",
+        s.step,
+        s.steps,
+        clock(s.elapsed),
+        s.engine,
+        human(s.tokens_per_s),
+        s.first_loss,
+        s.last_loss,
+        if s.skipped > 0 {
+            format!("; {} non-finite steps skipped", s.skipped)
+        } else {
+            String::new()
+        }
+    );
+    if !s.eval.is_empty() {
+        let parts: Vec<String> = s
+            .eval
+            .iter()
+            .map(|r| format!("{} {:.1}%", r.label, 100.0 * r.accuracy))
+            .collect();
+        println!("accuracy: {}", parts.join(", "));
+    }
+    if let Some(c) = &s.checkpoint {
+        println!("checkpoint: {}", c.display());
+    }
+    if let Some(p) = &s.plot {
+        println!("plot: {}", p.display());
+    }
+    if s.interrupted {
+        println!(
+            "resume: stepgraph train --resume {} (with the same flags)",
+            s.run_dir.display()
+        );
+    }
+}

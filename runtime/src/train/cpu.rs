@@ -1,0 +1,370 @@
+//! The CPU engine: the f32 CPU reference model (forward, analytic backward)
+//! with AdamW on the host. It is the fallback when no GPU engine is
+//! available, and the engine the resume and determinism tests run on.
+//!
+//! Rows of a batch are split into a fixed number of chunks ([`CHUNKS`]) that
+//! run in parallel with rayon; their gradients are combined in chunk order,
+//! so the result does not depend on the thread count (a resumed run is
+//! bit-identical on any machine with the same float semantics).
+//!
+//! The CPU model's loss is the mean over *all* predictions. To train on the
+//! masked mean (answer positions only), the logits of unscored predictions
+//! are replaced, before the backward pass, by a row whose softmax is exactly
+//! the one-hot target (`0` at the target, `-1e30` elsewhere), which makes
+//! their `softmax - onehot` term exactly zero; each chunk's gradient is then
+//! rescaled from `1 / predictions` to `1 / scored`. The scored loss itself is
+//! computed here from the untouched logits.
+//!
+//! AdamW is applied here, not through [`crate::optim::AdamW`], because a
+//! resumed run must restore the moments and that type keeps them private;
+//! the update is the same torch-semantics arithmetic in the same order, and
+//! a test checks the two agree bit for bit.
+
+use rayon::prelude::*;
+
+use super::data::Batch;
+use super::engine::{
+    EngineError, EngineInfo, EngineState, EvalOutput, Moments, OptimSettings, StepMetrics,
+    TrainEngine,
+};
+use super::schedule::LrSchedule;
+use crate::mamba3::Mamba3Config;
+use crate::mamba3::cpu::{
+    Float, ForwardOutput, Grads, ModelError, ScanMode, Tokens, Weights, backward, check_weights,
+    forward, param_specs,
+};
+use crate::optim::clip_grad_norm;
+
+/// Row chunks per batch (fixed, so results do not depend on the thread count).
+pub const CHUNKS: usize = 4;
+
+/// Logit given to non-target classes of an unscored prediction.
+const MASKED_LOGIT: f32 = -1e30;
+
+/// f32 CPU reference model + host AdamW.
+pub struct CpuEngine {
+    cfg: Mamba3Config,
+    weights: Weights<f32>,
+    settings: OptimSettings,
+    decay: Vec<bool>,
+    moments: Vec<Moments>,
+    adam_steps: u64,
+    steps: u64,
+    skipped: u64,
+    schedule: LrSchedule,
+    staged: Option<Batch>,
+    last: Option<StepMetrics>,
+}
+
+impl CpuEngine {
+    /// An engine over `weights` (checked against `cfg`) with zero moments.
+    pub fn new(
+        cfg: Mamba3Config,
+        weights: Weights<f32>,
+        settings: OptimSettings,
+    ) -> Result<Self, EngineError> {
+        check_weights(&cfg, &weights)?;
+        let specs = param_specs(&cfg);
+        let decay = specs.iter().map(|s| settings.decay.decays(s)).collect();
+        let moments = specs
+            .iter()
+            .map(|s| (vec![0.0; s.numel()], vec![0.0; s.numel()]))
+            .collect();
+        let schedule = LrSchedule {
+            peak: settings.adam.lr,
+            min_lr: settings.adam.lr,
+            warmup: 0,
+            total: 0,
+        };
+        Ok(Self {
+            cfg,
+            weights,
+            settings,
+            decay,
+            moments,
+            adam_steps: 0,
+            steps: 0,
+            skipped: 0,
+            schedule,
+            staged: None,
+            last: None,
+        })
+    }
+
+    /// The current weights.
+    pub fn weights(&self) -> &Weights<f32> {
+        &self.weights
+    }
+
+    /// One AdamW update with learning rate `lr` (torch semantics, as
+    /// `optim::AdamW::step`).
+    fn adamw(&mut self, grads: &Grads<f32>, lr: f64) {
+        self.adam_steps += 1;
+        let c = self.settings.adam;
+        let t = i32::try_from(self.adam_steps).unwrap_or(i32::MAX);
+        let bc1 = 1.0 - c.beta1.powi(t);
+        let bc2_sqrt = (1.0 - c.beta2.powi(t)).sqrt();
+        let step_size = f32::from_f64(lr / bc1);
+        let (b1, b2) = (f32::from_f64(c.beta1), f32::from_f64(c.beta2));
+        let (one_b1, one_b2) = (f32::from_f64(1.0 - c.beta1), f32::from_f64(1.0 - c.beta2));
+        let (eps, bc2s) = (f32::from_f64(c.eps), f32::from_f64(bc2_sqrt));
+        let shrink = f32::from_f64(1.0 - lr * c.weight_decay);
+        let params = self.weights.tensors_mut();
+        for (((p, g), (m, v)), &decay) in params
+            .into_iter()
+            .zip(grads.tensors())
+            .zip(self.moments.iter_mut())
+            .zip(&self.decay)
+        {
+            for (((pv, &gv), mv), vv) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                if decay {
+                    *pv *= shrink;
+                }
+                *mv = b1 * *mv + one_b1 * gv;
+                *vv = b2 * *vv + one_b2 * gv * gv;
+                *pv -= step_size * *mv / (vv.sqrt() / bc2s + eps);
+            }
+        }
+    }
+}
+
+/// `[start, end)` row ranges of the chunks of a batch of `rows` rows.
+fn chunk_bounds(rows: usize) -> Vec<(usize, usize)> {
+    let n = rows.clamp(1, CHUNKS);
+    (0..n).map(|i| (i * rows / n, (i + 1) * rows / n)).collect()
+}
+
+fn to_tokens(cfg: &Mamba3Config, batch: &Batch) -> Result<Tokens, ModelError> {
+    let ids: Vec<i64> = batch.tokens.iter().map(|&t| i64::from(t)).collect();
+    Ok(Tokens::from_rows(
+        &ids,
+        batch.rows,
+        batch.width,
+        cfg.vocab_size,
+    )?)
+}
+
+/// `-log softmax(row)[target]`, in f64.
+fn cross_entropy(row: &[f32], target: usize) -> f64 {
+    let m = row
+        .iter()
+        .fold(f64::NEG_INFINITY, |a, &b| a.max(f64::from(b)));
+    let lse = m + row
+        .iter()
+        .map(|&x| (f64::from(x) - m).exp())
+        .sum::<f64>()
+        .ln();
+    lse - f64::from(row[target])
+}
+
+/// What one chunk contributes: its gradient (of the mean over all of its
+/// predictions, unscored ones contributing exactly zero), its scored loss
+/// sum, scored count and prediction count.
+struct ChunkGrad {
+    grads: Option<Grads<f32>>,
+    loss_sum: f64,
+    scored: usize,
+    predictions: usize,
+}
+
+fn chunk_grad(
+    cfg: &Mamba3Config,
+    w: &Weights<f32>,
+    batch: &Batch,
+) -> Result<ChunkGrad, ModelError> {
+    let tokens = to_tokens(cfg, batch)?;
+    let mut fwd: ForwardOutput<f32> = forward(cfg, w, &tokens, None, ScanMode::default())?;
+    let vocab = cfg.padded_vocab_size();
+    let (mut loss_sum, mut scored) = (0.0, 0);
+    for (i, (row, &tgt)) in fwd
+        .logits
+        .chunks_mut(vocab)
+        .zip(tokens.targets())
+        .enumerate()
+    {
+        if batch.scored(i) {
+            loss_sum += cross_entropy(row, tgt);
+            scored += 1;
+        } else {
+            row.fill(MASKED_LOGIT);
+            row[tgt] = 0.0;
+        }
+    }
+    let grads = (scored > 0).then(|| backward(cfg, w, &fwd));
+    Ok(ChunkGrad {
+        grads,
+        loss_sum,
+        scored,
+        predictions: tokens.count(),
+    })
+}
+
+impl TrainEngine for CpuEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            name: "cpu".into(),
+            precision: "f32",
+            device: format!("CPU, {} threads", rayon::current_num_threads()),
+        }
+    }
+
+    fn model_config(&self) -> &Mamba3Config {
+        &self.cfg
+    }
+
+    fn set_schedule(&mut self, schedule: LrSchedule) {
+        self.schedule = schedule;
+    }
+
+    fn load_batch(&mut self, batch: &Batch) -> Result<(), EngineError> {
+        if batch.rows == 0 || batch.width < 2 || batch.tokens.len() != batch.rows * batch.width {
+            return Err(EngineError::Batch(format!(
+                "{} ids do not form [{}, {}] with at least 2 columns",
+                batch.tokens.len(),
+                batch.rows,
+                batch.width
+            )));
+        }
+        self.staged = Some(batch.clone());
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<(), EngineError> {
+        let batch = self
+            .staged
+            .take()
+            .ok_or(EngineError::Order("step() without load_batch()"))?;
+        let lr = self.schedule.lr(self.steps);
+        let (cfg, w) = (&self.cfg, &self.weights);
+        let parts: Vec<ChunkGrad> = chunk_bounds(batch.rows)
+            .par_iter()
+            .map(|&(s, e)| chunk_grad(cfg, w, &batch.slice_rows(s, e)))
+            .collect::<Result<_, _>>()?;
+        let total: usize = parts.iter().map(|p| p.scored).sum();
+        if total == 0 {
+            return Err(EngineError::Batch(
+                "no scored prediction in the batch".into(),
+            ));
+        }
+        let mut grads = Weights::<f32>::zeros(&self.cfg);
+        let mut loss_sum = 0.0;
+        for p in &parts {
+            loss_sum += p.loss_sum;
+            let Some(g) = &p.grads else { continue };
+            // Chunk gradients are means over their predictions; weight them
+            // so the sum is the mean over all scored predictions.
+            let scale = f32::from_f64(p.predictions as f64 / total as f64);
+            for (acc, part) in grads.tensors_mut().into_iter().zip(g.tensors()) {
+                for (a, &b) in acc.iter_mut().zip(part) {
+                    *a += b * scale;
+                }
+            }
+        }
+        let mut tensors = grads.tensors_mut();
+        let grad_norm = match self.settings.clip {
+            Some(max_norm) => clip_grad_norm(&mut tensors, max_norm),
+            None => tensors
+                .iter()
+                .flat_map(|t| t.iter())
+                .map(|&v| f64::from(v) * f64::from(v))
+                .sum::<f64>()
+                .sqrt(),
+        };
+        let skipped = !grad_norm.is_finite();
+        if skipped {
+            self.skipped += 1;
+        } else {
+            self.adamw(&grads, lr);
+        }
+        self.steps += 1;
+        self.last = Some(StepMetrics {
+            step: self.steps,
+            loss: loss_sum / total as f64,
+            grad_norm,
+            lr,
+            skipped,
+            skipped_total: self.skipped,
+        });
+        Ok(())
+    }
+
+    fn metrics(&mut self) -> Result<StepMetrics, EngineError> {
+        self.last
+            .ok_or(EngineError::Order("metrics() before step()"))
+    }
+
+    fn eval(&mut self, batch: &Batch) -> Result<EvalOutput, EngineError> {
+        let (cfg, w) = (&self.cfg, &self.weights);
+        let (vocab, real) = (cfg.padded_vocab_size(), cfg.vocab_size);
+        let parts: Vec<EvalOutput> = chunk_bounds(batch.rows)
+            .par_iter()
+            .map(|&(s, e)| -> Result<EvalOutput, ModelError> {
+                let tokens = to_tokens(cfg, &batch.slice_rows(s, e))?;
+                let fwd = forward(cfg, w, &tokens, None, ScanMode::default())?;
+                let mut out = EvalOutput {
+                    token_loss: Vec::with_capacity(tokens.count()),
+                    argmax: Vec::with_capacity(tokens.count()),
+                };
+                for (row, &tgt) in fwd.logits.chunks(vocab).zip(tokens.targets()) {
+                    out.token_loss.push(f32::from_f64(cross_entropy(row, tgt)));
+                    // Padded vocabulary rows are never targets: argmax over real ids.
+                    let best = row[..real].iter().enumerate().fold(
+                        (0, f32::NEG_INFINITY),
+                        |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+                    );
+                    out.argmax.push(u32::try_from(best.0).unwrap_or(u32::MAX));
+                }
+                Ok(out)
+            })
+            .collect::<Result<_, _>>()?;
+        let mut out = EvalOutput {
+            token_loss: Vec::new(),
+            argmax: Vec::new(),
+        };
+        for p in parts {
+            out.token_loss.extend(p.token_loss);
+            out.argmax.extend(p.argmax);
+        }
+        Ok(out)
+    }
+
+    fn export_state(&mut self) -> Result<EngineState, EngineError> {
+        Ok(EngineState {
+            weights: self.weights.clone(),
+            moments: self.moments.clone(),
+            adam_steps: self.adam_steps,
+            steps: self.steps,
+            skipped: self.skipped,
+        })
+    }
+
+    fn import_state(&mut self, state: EngineState) -> Result<(), EngineError> {
+        check_weights(&self.cfg, &state.weights)?;
+        let specs = param_specs(&self.cfg);
+        if state.moments.len() != specs.len() {
+            return Err(EngineError::State(format!(
+                "{} moment tensors for {} parameters",
+                state.moments.len(),
+                specs.len()
+            )));
+        }
+        for (spec, (m, v)) in specs.iter().zip(&state.moments) {
+            if m.len() != spec.numel() || v.len() != spec.numel() {
+                return Err(EngineError::State(format!(
+                    "moments of `{}` have {} / {} values, expected {}",
+                    spec.name,
+                    m.len(),
+                    v.len(),
+                    spec.numel()
+                )));
+            }
+        }
+        self.weights = state.weights;
+        self.moments = state.moments;
+        self.adam_steps = state.adam_steps;
+        self.steps = state.steps;
+        self.skipped = state.skipped;
+        self.last = None;
+        Ok(())
+    }
+}

@@ -1,0 +1,316 @@
+//! Training data: synthetic tasks ([`tasks`]) and token files ([`file`]),
+//! behind one [`Dataset`] that hands out training batches and fixed eval sets.
+//!
+//! Everything is deterministic from the seed. Training batches come from one
+//! ChaCha20 stream; its word position is the *data position* saved in
+//! checkpoints ([`DataPosition`]), so a resumed run draws exactly the batches
+//! the uninterrupted run would have drawn. Eval sets come from a separate
+//! stream (seed-derived) and are generated once, so every evaluation scores
+//! the same instances.
+
+pub mod file;
+pub mod tasks;
+
+use std::path::PathBuf;
+
+use rand::Rng;
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use serde::{Deserialize, Serialize};
+
+pub use file::{DataFormat, FileData};
+pub use tasks::{Example, Task};
+
+use crate::train::TrainError;
+
+/// One batch as the host hands it to an engine: `rows` rows of `width`
+/// token ids (`width = T + 1`: inputs are `[:, :-1]`, targets `[:, 1:]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Rows B.
+    pub rows: usize,
+    /// Tokens per row, `T + 1`.
+    pub width: usize,
+    /// Row-major `[rows, width]` ids.
+    pub tokens: Vec<u32>,
+    /// Which of the `rows * (width - 1)` predictions are scored (loss and
+    /// accuracy); `None`: all of them (language modelling).
+    pub mask: Option<Vec<bool>>,
+}
+
+impl Batch {
+    /// Predictions per row, `T`.
+    pub fn seq_len(&self) -> usize {
+        self.width.saturating_sub(1)
+    }
+
+    /// Whether prediction `i` (row-major over `[rows, T]`) is scored.
+    pub fn scored(&self, i: usize) -> bool {
+        self.mask
+            .as_ref()
+            .is_none_or(|m| m.get(i).copied().unwrap_or(false))
+    }
+
+    /// Number of scored predictions.
+    pub fn scored_count(&self) -> usize {
+        match &self.mask {
+            Some(m) => m.iter().filter(|&&b| b).count(),
+            None => self.rows * self.seq_len(),
+        }
+    }
+
+    /// Rows `start..end` as their own batch.
+    pub fn slice_rows(&self, start: usize, end: usize) -> Batch {
+        let t = self.seq_len();
+        Batch {
+            rows: end - start,
+            width: self.width,
+            tokens: self.tokens[start * self.width..end * self.width].to_vec(),
+            mask: self.mask.as_ref().map(|m| m[start * t..end * t].to_vec()),
+        }
+    }
+
+    /// Pads task instances to one width and marks their answer positions.
+    pub fn from_examples(examples: &[Example], width: usize, pad: u32) -> Batch {
+        let t = width.saturating_sub(1);
+        let mut tokens = Vec::with_capacity(examples.len() * width);
+        let mut mask = vec![false; examples.len() * t];
+        for (r, ex) in examples.iter().enumerate() {
+            let start = tokens.len();
+            tokens.extend(ex.tokens.iter().take(width));
+            tokens.resize(start + width, pad);
+            for &p in ex.answers.iter().filter(|&&p| p < t) {
+                mask[r * t + p] = true;
+            }
+        }
+        Batch {
+            rows: examples.len(),
+            width,
+            tokens,
+            mask: Some(mask),
+        }
+    }
+}
+
+/// Where the data comes from: what `--task` / `--data` chose. Saved in
+/// checkpoints so a resume with other data is refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum DataSpec {
+    /// A synthetic task trained on sizes `min_len..=train_len`.
+    Task {
+        /// Which task.
+        task: Task,
+        /// Largest training problem size L.
+        train_len: usize,
+        /// Problem sizes evaluated.
+        eval_lens: Vec<usize>,
+    },
+    /// A token file.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Its encoding.
+        format: DataFormat,
+        /// Vocabulary (given, or 256 for bytes).
+        vocab_size: Option<usize>,
+        /// Held-out fraction at the end of the file.
+        eval_fraction: f64,
+        /// Window length T.
+        seq_len: usize,
+    },
+}
+
+/// The state of the training stream, saved in checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DataPosition {
+    /// Training batches drawn so far.
+    pub batches: u64,
+    /// Word position of the training ChaCha20 stream.
+    pub word_pos: u128,
+}
+
+/// A fixed evaluation set: its label, problem size (tasks) and batches.
+#[derive(Debug, Clone)]
+pub struct EvalSet {
+    /// Label in eval lines and metrics (`len 64`, `held-out`).
+    pub label: String,
+    /// Problem size for tasks.
+    pub length: Option<usize>,
+    /// The batches, generated once.
+    pub batches: Vec<Batch>,
+}
+
+enum Source {
+    Task { task: Task, train_len: usize },
+    File { data: FileData, window: usize },
+}
+
+/// Training batches and eval sets for one run.
+pub struct Dataset {
+    source: Source,
+    rng: ChaCha20Rng,
+    batches: u64,
+    eval: Vec<EvalSet>,
+}
+
+/// Rows each task eval set holds (split into batches of the run's batch size).
+pub const TASK_EVAL_ROWS: usize = 256;
+/// Most held-out windows a file eval set holds.
+pub const FILE_EVAL_ROWS: usize = 256;
+
+// Distinct stream ids keep the train and eval streams apart for every seed.
+const TRAIN_STREAM: u64 = 1;
+const EVAL_STREAM: u64 = 2;
+
+impl Dataset {
+    /// Builds the data of a run. `batch` sizes the eval batches.
+    pub fn new(spec: &DataSpec, seed: u64, batch: usize) -> Result<Self, TrainError> {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        rng.set_stream(TRAIN_STREAM);
+        let (source, eval) = match spec {
+            DataSpec::Task {
+                task,
+                train_len,
+                eval_lens,
+            } => {
+                let mut eval_rng = ChaCha20Rng::seed_from_u64(seed);
+                eval_rng.set_stream(EVAL_STREAM);
+                let eval = eval_lens
+                    .iter()
+                    .map(|&n| task_eval_set(*task, n, batch, &mut eval_rng))
+                    .collect();
+                let source = Source::Task {
+                    task: *task,
+                    train_len: *train_len,
+                };
+                (source, eval)
+            }
+            DataSpec::File {
+                path,
+                format,
+                vocab_size,
+                eval_fraction,
+                seq_len,
+            } => {
+                let window = seq_len + 1;
+                let data = FileData::open(path, *format, *vocab_size, *eval_fraction, window)?;
+                let eval = vec![EvalSet {
+                    label: "held-out".into(),
+                    length: None,
+                    batches: data.eval_batches(batch, window, FILE_EVAL_ROWS),
+                }];
+                (Source::File { data, window }, eval)
+            }
+        };
+        Ok(Self {
+            source,
+            rng,
+            batches: 0,
+            eval,
+        })
+    }
+
+    /// Vocabulary size of the data (the model's `vocab_size`).
+    pub fn vocab_size(&self) -> usize {
+        match &self.source {
+            Source::Task { task, .. } => task.vocab_size(),
+            Source::File { data, .. } => data.vocab_size(),
+        }
+    }
+
+    /// Row width (`T + 1`) of every training batch: fixed, so a captured GPU
+    /// step sees one shape for the whole run.
+    pub fn train_width(&self) -> usize {
+        match &self.source {
+            Source::Task { task, train_len } => task.width(*train_len),
+            Source::File { window, .. } => *window,
+        }
+    }
+
+    /// The task, when the data is synthetic.
+    pub fn task(&self) -> Option<Task> {
+        match &self.source {
+            Source::Task { task, .. } => Some(*task),
+            Source::File { .. } => None,
+        }
+    }
+
+    /// A one-line description for the start of a run.
+    pub fn describe(&self) -> String {
+        match &self.source {
+            Source::Task { task, train_len } => format!(
+                "task {} (vocab {}), train sizes {}..={train_len}, eval sizes {}",
+                task.name(),
+                task.vocab_size(),
+                task.min_len(),
+                self.eval
+                    .iter()
+                    .filter_map(|e| e.length.map(|n| n.to_string()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Source::File { data, window } => {
+                let (total, train) = data.sizes();
+                format!(
+                    "data {} ({total} tokens, vocab {}; {train} train, {} held out), windows of {window}",
+                    data.path().display(),
+                    data.vocab_size(),
+                    total - train
+                )
+            }
+        }
+    }
+
+    /// The next training batch of `rows` rows.
+    pub fn next_batch(&mut self, rows: usize) -> Batch {
+        self.batches += 1;
+        match &self.source {
+            Source::Task { task, train_len } => {
+                let width = task.width(*train_len);
+                let examples: Vec<Example> = (0..rows)
+                    .map(|_| {
+                        let n = self.rng.random_range(task.min_len()..=*train_len);
+                        task.sample(n, false, &mut self.rng)
+                    })
+                    .collect();
+                Batch::from_examples(&examples, width, task.pad())
+            }
+            Source::File { data, window } => data.train_batch(rows, *window, &mut self.rng),
+        }
+    }
+
+    /// The fixed eval sets.
+    pub fn eval_sets(&self) -> &[EvalSet] {
+        &self.eval
+    }
+
+    /// Where the training stream stands.
+    pub fn position(&self) -> DataPosition {
+        DataPosition {
+            batches: self.batches,
+            word_pos: self.rng.get_word_pos(),
+        }
+    }
+
+    /// Moves the training stream to a saved position.
+    pub fn restore(&mut self, pos: DataPosition) {
+        self.batches = pos.batches;
+        self.rng.set_word_pos(pos.word_pos);
+    }
+}
+
+fn task_eval_set(task: Task, n: usize, batch: usize, rng: &mut ChaCha20Rng) -> EvalSet {
+    let width = task.width(n.clamp(task.min_len(), task.max_len()));
+    let examples: Vec<Example> = (0..TASK_EVAL_ROWS)
+        .map(|_| task.sample(n, true, rng))
+        .collect();
+    EvalSet {
+        label: format!("len {n}"),
+        length: Some(n),
+        batches: examples
+            .chunks(batch.max(1))
+            .map(|c| Batch::from_examples(c, width, task.pad()))
+            .collect(),
+    }
+}
