@@ -30,6 +30,8 @@
 
 pub mod elementwise;
 pub mod launch;
+pub mod mamba3;
+pub mod mamba3_bwd;
 pub mod reduce;
 mod table;
 
@@ -49,10 +51,16 @@ pub struct Module {
 }
 
 /// Headers the `.cu` files may `#include "..."`; served to NVRTC from memory.
-pub const HEADERS: &[SourceFile] = &[SourceFile {
-    file: "common.cuh",
-    src: include_str!("../../../kernels/common.cuh"),
-}];
+pub const HEADERS: &[SourceFile] = &[
+    SourceFile {
+        file: "common.cuh",
+        src: include_str!("../../../kernels/common.cuh"),
+    },
+    SourceFile {
+        file: "mamba3_common.cuh",
+        src: include_str!("../../../kernels/mamba3_common.cuh"),
+    },
+];
 
 /// Every kernel module the runtime compiles and loads.
 pub const MODULES: &[Module] = &[
@@ -76,6 +84,55 @@ pub const MODULES: &[Module] = &[
             src: include_str!("../../../kernels/convert.cu"),
         },
         functions: &["f32_to_bf16", "bf16_to_f32"],
+    },
+    Module {
+        source: SourceFile {
+            file: "mamba3_fwd.cu",
+            src: include_str!("../../../kernels/mamba3_fwd.cu"),
+        },
+        functions: &[
+            "m3_embed_fwd_f32",
+            "m3_rmsnorm_fwd_f32",
+            "m3_prep_f32",
+            "m3_angle_fwd_f32",
+            "m3_qk_fwd_f32",
+            "m3_gate_fwd_f32",
+            "m3_ce_fwd_f32",
+            "m3_mean_f32",
+        ],
+    },
+    Module {
+        source: SourceFile {
+            file: "mamba3_scan.cu",
+            src: include_str!("../../../kernels/mamba3_scan.cu"),
+        },
+        functions: &["m3_scan_fwd_f32", "m3_scan_bwd_f32"],
+    },
+    Module {
+        source: SourceFile {
+            file: "mamba3_bwd.cu",
+            src: include_str!("../../../kernels/mamba3_bwd.cu"),
+        },
+        functions: &[
+            "m3_ce_bwd_f32",
+            "m3_rmsnorm_bwd_f32",
+            "m3_gate_bwd_f32",
+            "m3_rot_bwd_f32",
+            "m3_angle_bwd_f32",
+            "m3_scalar_bwd_f32",
+            "m3_dtheta_bwd_f32",
+            "m3_bcnorm_bwd_f32",
+            "m3_colsum_partials_f32",
+            "m3_colsum_finish_f32",
+            "m3_embed_bwd_f32",
+        ],
+    },
+    Module {
+        source: SourceFile {
+            file: "mamba3_adamw.cu",
+            src: include_str!("../../../kernels/mamba3_adamw.cu"),
+        },
+        functions: &["m3_advance_schedule", "m3_adamw_f32"],
     },
 ];
 

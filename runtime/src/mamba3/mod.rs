@@ -12,6 +12,7 @@
 pub mod checkpoint;
 mod config;
 pub mod cpu;
+pub mod gpu;
 mod hf_config;
 
 pub use config::{ConfigError, InProjLayout, Mamba3Config, RopeFraction};

@@ -1,0 +1,371 @@
+// Mamba-3 SISO language model, backward kernels (besides the scan and the
+// GEMMs): cross-entropy, RMSNorm, the z gate, the rotation, the angle
+// cumsum, the scalar activations, the B/C RMSNorm, the deterministic column
+// sums that turn per-row contributions into parameter gradients, and the
+// embedding scatter.
+//
+// No float atomics anywhere: every parameter gradient that sums over rows is
+// written per row first and then reduced by m3_colsum_* in a fixed order.
+#include "mamba3_common.cuh"
+
+// dlogits = (softmax(logits) - onehot(target)) * inv_rows.
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_ce_bwd_f32(const float* __restrict__ logits, const float* __restrict__ lse, const int* __restrict__ tokens,
+                  float* __restrict__ dlogits, unsigned vocab, unsigned len, unsigned rows, float inv_rows) {
+    unsigned long long n = (unsigned long long)rows * vocab;
+    SG_FOR_EACH(i, n) {
+        unsigned row = (unsigned)(i / vocab);
+        unsigned j = (unsigned)(i % vocab);
+        unsigned b = row / len, t = row % len;
+        int tgt = tokens[(unsigned long long)b * (len + 1) + t + 1];
+        float p = expf(logits[i] - lse[row]) * inv_rows;
+        dlogits[i] = (tgt >= 0 && (unsigned)tgt == j) ? p - inv_rows : p;
+    }
+}
+
+// One block per row of y = x * r * w: dx = r w dy - (r^3 / n) (sum dy w x) x,
+// written to dx (accumulate = 0) or added to it (accumulate = 1); the row's
+// weight-gradient share dy * x * r goes to contrib[row, :].
+template <typename T>
+__device__ void rmsnorm_bwd(const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
+                            const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ contrib,
+                            unsigned width, unsigned accumulate, unsigned rows) {
+    __shared__ float s[SG_BLOCK];
+    for (unsigned row = blockIdx.x; row < rows; row += gridDim.x) {
+        const unsigned long long base = (unsigned long long)row * width;
+        const float r = rstd[row];
+        float acc = 0.0f;
+        for (unsigned j = threadIdx.x; j < width; j += SG_BLOCK) {
+            float g = (float)dy[base + j], xv = (float)x[base + j];
+            acc = fmaf(g * w[j], xv, acc);
+            contrib[base + j] = g * xv * r;
+        }
+        const float c = r * r * r * m3_block_sum(acc, s) / (float)width;
+        for (unsigned j = threadIdx.x; j < width; j += SG_BLOCK) {
+            float v = r * w[j] * (float)dy[base + j] - c * (float)x[base + j];
+            dx[base + j] = (T)(accumulate ? (float)dx[base + j] + v : v);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_rmsnorm_bwd_f32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
+                       const float* __restrict__ dy, float* __restrict__ dx, float* __restrict__ contrib,
+                       unsigned width, unsigned accumulate, unsigned rows) {
+    rmsnorm_bwd<float>(x, w, rstd, dy, dx, contrib, width, accumulate, rows);
+}
+
+// One warp per (row, head) of o = y' silu(z): dz into dproj's z columns, dy
+// into dy[rows, d_inner]; with the output norm, the norm weight's per-row
+// share into contrib[rows, d_inner].
+template <typename T>
+__device__ void gate_bwd(const T* __restrict__ y, const T* __restrict__ proj, const float* __restrict__ norm_w,
+                         const float* __restrict__ gate_rstd, const T* __restrict__ d_o, T* __restrict__ dproj,
+                         T* __restrict__ dy, float* __restrict__ contrib, unsigned has_norm, M3Dims d) {
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
+    const unsigned long long total = (unsigned long long)d.rows * d.nheads;
+    for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32; w < total;
+         w += warps) {
+        unsigned long long row = w / d.nheads;
+        unsigned h = (unsigned)(w % d.nheads);
+        unsigned long long yb = row * d.d_inner + (unsigned long long)h * d.headdim;
+        unsigned long long zb = row * d.width + d.off_z + (unsigned long long)h * d.headdim;
+        if (has_norm) {
+            const float r = gate_rstd[w];
+            const float* wn = norm_w + (unsigned long long)h * d.headdim;
+            float acc = 0.0f;
+            for (unsigned j = lane; j < d.headdim; j += 32) {
+                float yv = (float)y[yb + j], z = (float)proj[zb + j], go = (float)d_o[yb + j];
+                float dyn = go * m3_silu(z);
+                dproj[zb + j] = (T)(go * yv * r * wn[j] * m3_silu_grad(z));
+                contrib[yb + j] = dyn * yv * r;
+                acc = fmaf(dyn * wn[j], yv, acc);
+            }
+            const float c = r * r * r * m3_warp_sum(acc) / (float)d.headdim;
+            for (unsigned j = lane; j < d.headdim; j += 32) {
+                float yv = (float)y[yb + j], z = (float)proj[zb + j], go = (float)d_o[yb + j];
+                dy[yb + j] = (T)(r * wn[j] * go * m3_silu(z) - c * yv);
+            }
+        } else {
+            for (unsigned j = lane; j < d.headdim; j += 32) {
+                float yv = (float)y[yb + j], z = (float)proj[zb + j], go = (float)d_o[yb + j];
+                dproj[zb + j] = (T)(go * yv * m3_silu_grad(z));
+                dy[yb + j] = (T)(go * m3_silu(z));
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_gate_bwd_f32(const float* __restrict__ y, const float* __restrict__ proj, const float* __restrict__ norm_w,
+                    const float* __restrict__ gate_rstd, const float* __restrict__ d_o, float* __restrict__ dproj,
+                    float* __restrict__ dy, float* __restrict__ contrib, unsigned has_norm, M3Dims d) {
+    gate_bwd<float>(y, proj, norm_w, gate_rstd, d_o, dproj, dy, contrib, has_norm, d);
+}
+
+// One warp per (row, head), one lane per pair. In: dq/dk with respect to the
+// rotated q/k. Out (in place): the gradients with respect to the unrotated
+// biased key/query, including the diagonal term's gamma (q̂ . k̂) share, and
+// dphi[rows, H, S].
+template <typename T>
+__device__ void rot_bwd(const T* __restrict__ proj, const float* __restrict__ rstd_b,
+                        const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
+                        const float* __restrict__ c_norm, const float* __restrict__ b_bias,
+                        const float* __restrict__ c_bias, const float* __restrict__ phi, const T* __restrict__ q,
+                        const T* __restrict__ k, const float* __restrict__ dt, const float* __restrict__ lam,
+                        const float* __restrict__ dqkdot, float* __restrict__ dq, float* __restrict__ dk,
+                        float* __restrict__ dphi, M3Dims d) {
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
+    const unsigned long long total = (unsigned long long)d.rows * d.nheads;
+    const unsigned hpg = d.nheads / d.ngroups;
+    for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32; w < total;
+         w += warps) {
+        unsigned long long row = w / d.nheads;
+        unsigned h = (unsigned)(w % d.nheads);
+        unsigned g = h / hpg;
+        const T* pr = proj + row * d.width;
+        const float rb = rstd_b[row * d.ngroups + g], rc = rstd_c[row * d.ngroups + g];
+        const float dqk = dqkdot[w] * lam[w] * dt[w];
+        for (unsigned i = lane; 2 * i < d.d_state; i += 32) {
+            unsigned j0 = 2 * i, j1 = 2 * i + 1;
+            unsigned long long e0 = w * d.d_state + j0, e1 = e0 + 1;
+            float gk0 = dk[e0], gk1 = dk[e1], gq0 = dq[e0], gq1 = dq[e1];
+            if (i < d.angles) {
+                float k0 = (float)k[e0], k1 = (float)k[e1], q0 = (float)q[e0], q1 = (float)q[e1];
+                dphi[w * d.angles + i] = -gk0 * k1 + gk1 * k0 - gq0 * q1 + gq1 * q0;
+                float sn, cs;
+                sincosf(phi[w * d.angles + i], &sn, &cs);
+                float a0 = cs * gk0 + sn * gk1, a1 = -sn * gk0 + cs * gk1;
+                float b0 = cs * gq0 + sn * gq1, b1 = -sn * gq0 + cs * gq1;
+                gk0 = a0; gk1 = a1; gq0 = b0; gq1 = b1;
+            }
+            float kb0 = (float)pr[d.off_b + g * d.d_state + j0] * rb * b_norm[j0] + b_bias[h * d.d_state + j0];
+            float kb1 = (float)pr[d.off_b + g * d.d_state + j1] * rb * b_norm[j1] + b_bias[h * d.d_state + j1];
+            float qb0 = (float)pr[d.off_c + g * d.d_state + j0] * rc * c_norm[j0] + c_bias[h * d.d_state + j0];
+            float qb1 = (float)pr[d.off_c + g * d.d_state + j1] * rc * c_norm[j1] + c_bias[h * d.d_state + j1];
+            dk[e0] = fmaf(dqk, qb0, gk0);
+            dk[e1] = fmaf(dqk, qb1, gk1);
+            dq[e0] = fmaf(dqk, kb0, gq0);
+            dq[e1] = fmaf(dqk, kb1, gq1);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_rot_bwd_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b, const float* __restrict__ rstd_c,
+                   const float* __restrict__ b_norm, const float* __restrict__ c_norm,
+                   const float* __restrict__ b_bias, const float* __restrict__ c_bias, const float* __restrict__ phi,
+                   const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ dt,
+                   const float* __restrict__ lam, const float* __restrict__ dqkdot, float* __restrict__ dq,
+                   float* __restrict__ dk, float* __restrict__ dphi, M3Dims d) {
+    rot_bwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, dt, lam, dqkdot, dq, dk, dphi, d);
+}
+
+// One thread per (b, h, angle): the reverse cumsum over t of dphi, in place
+// (phi_t sums dt_r theta_r over r <= t, so d(dt_t theta_t) = sum_{u >= t} dphi_u).
+extern "C" __global__ void __launch_bounds__(SG_BLOCK) m3_angle_bwd_f32(float* __restrict__ dphi, M3Dims d) {
+    unsigned long long n = (unsigned long long)d.batch * d.nheads * d.angles;
+    SG_FOR_EACH(i, n) {
+        unsigned s = (unsigned)(i % d.angles);
+        unsigned h = (unsigned)((i / d.angles) % d.nheads);
+        unsigned b = (unsigned)(i / ((unsigned long long)d.angles * d.nheads));
+        float acc = 0.0f;
+        for (unsigned t = d.len; t-- > 0;) {
+            unsigned long long e = (((unsigned long long)b * d.len + t) * d.nheads + h) * d.angles + s;
+            acc += dphi[e];
+            dphi[e] = acc;
+        }
+    }
+}
+
+// One thread per (row, head): the scalar chain back to the in_proj columns
+// dd_dt, dd_A and trap. gamma_t = lam_t dt_t enters scale_t and the diagonal;
+// scale_{t-1} holds dt_t (1 - lam_t); adt_t = A_t dt_t; the angle path adds
+// sum_s R_t[s] theta_t[s] to d dt_t.
+template <typename T>
+__device__ void scalar_bwd(const T* __restrict__ proj, const float* __restrict__ dt_bias,
+                           const float* __restrict__ dt, const float* __restrict__ lam,
+                           const float* __restrict__ theta, const float* __restrict__ rphi,
+                           const float* __restrict__ dadt, const float* __restrict__ dscale,
+                           const float* __restrict__ dqkdot, const float* __restrict__ qk_raw, T* __restrict__ dproj,
+                           M3Dims d) {
+    unsigned long long n = (unsigned long long)d.rows * d.nheads;
+    SG_FOR_EACH(i, n) {
+        unsigned long long row = i / d.nheads;
+        unsigned h = (unsigned)(i % d.nheads);
+        unsigned t = (unsigned)(row % d.len);
+        const T* pr = proj + row * d.width;
+        T* dr = dproj + row * d.width;
+        float l = lam[i], dtv = dt[i];
+        float dgamma = fmaf(dqkdot[i], qk_raw[i], dscale[i]);
+        float ddt = dgamma * l, dlam = dgamma * dtv;
+        if (t > 0) {
+            float sp = dscale[i - d.nheads];
+            ddt = fmaf(sp, 1.0f - l, ddt);
+            dlam -= sp * dtv;
+        }
+        float x = (float)pr[d.off_a + h];
+        float ht = m3_heavy_tail(x);
+        float a = -fmaxf(ht, d.a_floor);
+        float g = dadt[i];
+        ddt = fmaf(g, a, ddt);
+        dr[d.off_a + h] = (T)(ht >= d.a_floor ? -(g * dtv) * m3_heavy_tail_grad(x) : 0.0f);
+        for (unsigned s = 0; s < d.angles; ++s) {
+            ddt = fmaf(rphi[i * d.angles + s], theta[row * d.angles + s], ddt);
+        }
+        dr[d.off_dt + h] = (T)(ddt * m3_softplus_grad((float)pr[d.off_dt + h] + dt_bias[h]));
+        dr[d.off_trap + h] = (T)(dlam * l * (1.0f - l));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_scalar_bwd_f32(const float* __restrict__ proj, const float* __restrict__ dt_bias, const float* __restrict__ dt,
+                      const float* __restrict__ lam, const float* __restrict__ theta, const float* __restrict__ rphi,
+                      const float* __restrict__ dadt, const float* __restrict__ dscale,
+                      const float* __restrict__ dqkdot, const float* __restrict__ qk_raw, float* __restrict__ dproj,
+                      M3Dims d) {
+    scalar_bwd<float>(proj, dt_bias, dt, lam, theta, rphi, dadt, dscale, dqkdot, qk_raw, dproj, d);
+}
+
+// One thread per (row, angle): dtheta = sum_h R[row, h, s] dt[row, h] (heads
+// in order), then through theta = pi tanh(raw) into dproj's angle columns.
+template <typename T>
+__device__ void dtheta_bwd(const T* __restrict__ proj, const float* __restrict__ rphi, const float* __restrict__ dt,
+                           T* __restrict__ dproj, M3Dims d) {
+    unsigned long long n = (unsigned long long)d.rows * d.angles;
+    SG_FOR_EACH(i, n) {
+        unsigned long long row = i / d.angles;
+        unsigned s = (unsigned)(i % d.angles);
+        float acc = 0.0f;
+        for (unsigned h = 0; h < d.nheads; ++h) {
+            acc = fmaf(rphi[(row * d.nheads + h) * d.angles + s], dt[row * d.nheads + h], acc);
+        }
+        float th = tanhf((float)proj[row * d.width + d.off_ang + s]);
+        dproj[row * d.width + d.off_ang + s] = (T)(acc * M3_PI * (1.0f - th * th));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_dtheta_bwd_f32(const float* __restrict__ proj, const float* __restrict__ rphi, const float* __restrict__ dt,
+                      float* __restrict__ dproj, M3Dims d) {
+    dtheta_bwd<float>(proj, rphi, dt, dproj, d);
+}
+
+// One warp per (row, group, B or C): sums the group's heads' unrotated key
+// (or query) gradients, runs the RMSNorm backward into dproj's B (or C)
+// columns, and writes the norm weight's share to contrib[(row * G + g), :].
+template <typename T>
+__device__ void bcnorm_bwd(const T* __restrict__ proj, const float* __restrict__ rstd_b,
+                           const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
+                           const float* __restrict__ c_norm, const float* __restrict__ dkb,
+                           const float* __restrict__ dqb, T* __restrict__ dproj, float* __restrict__ contrib_b,
+                           float* __restrict__ contrib_c, M3Dims d) {
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
+    const unsigned long long total = (unsigned long long)d.rows * d.ngroups * 2;
+    const unsigned hpg = d.nheads / d.ngroups;
+    for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32; w < total;
+         w += warps) {
+        const bool is_c = (w & 1) != 0;
+        const unsigned long long rg = w >> 1;
+        const unsigned long long row = rg / d.ngroups;
+        const unsigned g = (unsigned)(rg % d.ngroups);
+        const float r = is_c ? rstd_c[rg] : rstd_b[rg];
+        const float* wn = is_c ? c_norm : b_norm;
+        const float* grad = is_c ? dqb : dkb;
+        float* contrib = is_c ? contrib_c : contrib_b;
+        const unsigned long long col = row * d.width + (is_c ? d.off_c : d.off_b) + (unsigned long long)g * d.d_state;
+        float acc = 0.0f;
+        for (unsigned n = lane; n < d.d_state; n += 32) {
+            float gn = 0.0f;
+            for (unsigned h = g * hpg; h < (g + 1) * hpg; ++h) {
+                gn += grad[(row * d.nheads + h) * d.d_state + n];
+            }
+            float x = (float)proj[col + n];
+            contrib[rg * d.d_state + n] = gn * x * r;
+            acc = fmaf(gn * wn[n], x, acc);
+        }
+        const float c = r * r * r * m3_warp_sum(acc) / (float)d.d_state;
+        for (unsigned n = lane; n < d.d_state; n += 32) {
+            float gn = 0.0f;
+            for (unsigned h = g * hpg; h < (g + 1) * hpg; ++h) {
+                gn += grad[(row * d.nheads + h) * d.d_state + n];
+            }
+            dproj[col + n] = (T)(r * wn[n] * gn - c * (float)proj[col + n]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_bcnorm_bwd_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b,
+                      const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
+                      const float* __restrict__ c_norm, const float* __restrict__ dkb, const float* __restrict__ dqb,
+                      float* __restrict__ dproj, float* __restrict__ contrib_b, float* __restrict__ contrib_c,
+                      M3Dims d) {
+    bcnorm_bwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, dkb, dqb, dproj, contrib_b, contrib_c, d);
+}
+
+// Column sums of x[rows, ld] (columns [off, off + cols)), pass 1: block
+// (bx, split) sums rows [split * rows_per_split, ...) of SG_BLOCK columns into
+// partials[split, cols].
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_colsum_partials_f32(const float* __restrict__ x, unsigned rows, unsigned cols, unsigned ld, unsigned off,
+                           unsigned rows_per_split, float* __restrict__ partials) {
+    unsigned c = blockIdx.x * SG_BLOCK + threadIdx.x;
+    if (c >= cols) {
+        return;
+    }
+    unsigned r0 = blockIdx.y * rows_per_split;
+    unsigned r1 = min(rows, r0 + rows_per_split);
+    float acc = 0.0f;
+    for (unsigned r = r0; r < r1; ++r) {
+        acc += x[(unsigned long long)r * ld + off + c];
+    }
+    partials[(unsigned long long)blockIdx.y * cols + c] = acc;
+}
+
+// Pass 2: out[c] = sum over splits of partials[split, c], in split order.
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_colsum_finish_f32(const float* __restrict__ partials, unsigned cols, unsigned splits, float* __restrict__ out) {
+    unsigned c = blockIdx.x * SG_BLOCK + threadIdx.x;
+    if (c >= cols) {
+        return;
+    }
+    float acc = 0.0f;
+    for (unsigned s = 0; s < splits; ++s) {
+        acc += partials[(unsigned long long)s * cols + c];
+    }
+    out[c] = acc;
+}
+
+// One block per vocabulary row v: gemb[v, :] += sum of dh[i, :] over the
+// positions i whose input token is v, in position order (token ids staged
+// through shared memory, one tile at a time).
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_embed_bwd_f32(const int* __restrict__ tokens, const float* __restrict__ dh, float* __restrict__ gemb,
+                     unsigned len, unsigned width, unsigned vocab, unsigned rows) {
+    __shared__ int tile[SG_BLOCK];
+    for (unsigned v = blockIdx.x; v < vocab; v += gridDim.x) {
+        for (unsigned j0 = 0; j0 < width; j0 += SG_BLOCK) {
+            const unsigned j = j0 + threadIdx.x;
+            float acc = 0.0f;
+            for (unsigned r0 = 0; r0 < rows; r0 += SG_BLOCK) {
+                __syncthreads();
+                unsigned r = r0 + threadIdx.x;
+                tile[threadIdx.x] = r < rows ? tokens[(unsigned long long)(r / len) * (len + 1) + r % len] : -1;
+                __syncthreads();
+                unsigned cnt = min(SG_BLOCK, rows - r0);
+                for (unsigned i = 0; i < cnt; ++i) {
+                    if (tile[i] == (int)v && j < width) {
+                        acc += dh[(unsigned long long)(r0 + i) * width + j];
+                    }
+                }
+            }
+            if (j < width) {
+                gemb[(unsigned long long)v * width + j] += acc;
+            }
+        }
+    }
+}

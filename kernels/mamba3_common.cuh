@@ -1,0 +1,115 @@
+// Shared helpers of the Mamba-3 kernels (mamba3_*.cu).
+//
+// Every reduction here runs in a fixed order (butterfly shuffles inside a
+// warp, a fixed shared-memory tree across a block of SG_BLOCK threads), so the
+// same inputs give the same bits on every run, eager or replayed. The scalar
+// activations use the accurate libm functions (expf, log1pf, tanhf, sincosf),
+// never the __ intrinsics: the f32 step is checked against an f64 oracle.
+//
+// Kernels are templates over the storage type of activations (`T`), with the
+// arithmetic in float; each .cu file instantiates them for float under
+// `extern "C"` names ending in _f32, and the bf16 step adds its own names.
+#pragma once
+#include "common.cuh"
+
+#define M3_PI 3.14159265358979323846f
+#define M3_TWO_PI 6.28318530717958647692f
+// torch's softplus returns its input above this threshold.
+#define M3_SOFTPLUS_THRESHOLD 20.0f
+
+
+__device__ __forceinline__ float m3_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+__device__ __forceinline__ float m3_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;
+}
+
+// Sum over a block of exactly SG_BLOCK threads; every thread must call it and
+// every thread gets the result. `s` holds SG_BLOCK floats.
+__device__ __forceinline__ float m3_block_sum(float v, float* s) {
+    __syncthreads();
+    s[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned stride = SG_BLOCK / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) {
+            s[threadIdx.x] += s[threadIdx.x + stride];
+        }
+        __syncthreads();
+    }
+    float r = s[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float m3_block_max(float v, float* s) {
+    __syncthreads();
+    s[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned stride = SG_BLOCK / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) {
+            s[threadIdx.x] = fmaxf(s[threadIdx.x], s[threadIdx.x + stride]);
+        }
+        __syncthreads();
+    }
+    float r = s[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float m3_sigmoid(float x) {
+    if (x >= 0.0f) {
+        return 1.0f / (1.0f + expf(-x));
+    }
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+
+__device__ __forceinline__ float m3_softplus(float x) {
+    return x > M3_SOFTPLUS_THRESHOLD ? x : log1pf(expf(x));
+}
+
+__device__ __forceinline__ float m3_softplus_grad(float x) {
+    return x > M3_SOFTPLUS_THRESHOLD ? 1.0f : m3_sigmoid(x);
+}
+
+// Official heavy_tail_activation: 1 + x above zero, 1 / (1 - x) below.
+__device__ __forceinline__ float m3_heavy_tail(float x) {
+    return x >= 0.0f ? 1.0f + x : 1.0f / (1.0f - x);
+}
+
+__device__ __forceinline__ float m3_heavy_tail_grad(float x) {
+    if (x >= 0.0f) {
+        return 1.0f;
+    }
+    float d = 1.0f - x;
+    return 1.0f / (d * d);
+}
+
+__device__ __forceinline__ float m3_silu(float x) { return x * m3_sigmoid(x); }
+
+__device__ __forceinline__ float m3_silu_grad(float x) {
+    float s = m3_sigmoid(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+
+// Shapes of one mixer, passed by value to every per-token kernel. The in_proj
+// output row is [z, x, B, C, dd_dt, dd_A, trap, angles] at the given offsets.
+struct M3Dims {
+    unsigned batch, len, rows;      // B, T, B*T
+    unsigned nheads, headdim;       // H, P
+    unsigned d_state, ngroups;      // N, G
+    unsigned angles;                // S (rotated pairs)
+    unsigned width;                 // E, in_proj output width
+    unsigned d_inner;               // H*P
+    unsigned off_z, off_x, off_b, off_c, off_dt, off_a, off_trap, off_ang;
+    unsigned chunk, nchunks;        // C, ceil(T/C)
+    float eps, a_floor;
+};

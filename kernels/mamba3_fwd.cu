@@ -1,0 +1,270 @@
+// Mamba-3 SISO language model, forward kernels (everything but the scan and
+// the GEMMs, which cuBLAS runs): embedding gather, RMSNorm, the per-token
+// split of the in_proj output (dt, A dt, trap, angles, B/C RMSNorm), the
+// angle cumsum, biases + rotation, the z gate (optionally with the grouped
+// output norm) and the cross-entropy.
+//
+// Layouts (row = b * T + t): per-token tensors are [rows, ...]; per-head
+// scalars are [rows, H]; queries/keys are [rows, H, N]; angles [rows, H, S].
+#include "mamba3_common.cuh"
+
+// h[row, :] = emb[tokens[b, t], :]. An id outside [0, vocab) yields a NaN row
+// (and so a NaN loss) instead of an out-of-bounds read: a captured kernel
+// cannot return an error.
+template <typename T>
+__device__ void embed_fwd(const int* __restrict__ tokens, const T* __restrict__ emb, T* __restrict__ h,
+                          unsigned len, unsigned width, unsigned vocab, unsigned rows) {
+    unsigned long long n = (unsigned long long)rows * width;
+    SG_FOR_EACH(i, n) {
+        unsigned row = (unsigned)(i / width);
+        unsigned j = (unsigned)(i % width);
+        unsigned b = row / len, t = row % len;
+        int id = tokens[(unsigned long long)b * (len + 1) + t];
+        h[i] = (id >= 0 && (unsigned)id < vocab) ? emb[(unsigned long long)id * width + j] : (T)__int_as_float(0x7fc00000);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_embed_fwd_f32(const int* __restrict__ tokens, const float* __restrict__ emb, float* __restrict__ h,
+                     unsigned len, unsigned width, unsigned vocab, unsigned rows) {
+    embed_fwd<float>(tokens, emb, h, len, width, vocab, rows);
+}
+
+// One block per row: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps).
+template <typename T>
+__device__ void rmsnorm_fwd(const T* __restrict__ x, const float* __restrict__ w, T* __restrict__ y,
+                            float* __restrict__ rstd, unsigned width, float eps, unsigned rows) {
+    __shared__ float s[SG_BLOCK];
+    for (unsigned row = blockIdx.x; row < rows; row += gridDim.x) {
+        const T* xr = x + (unsigned long long)row * width;
+        float acc = 0.0f;
+        for (unsigned j = threadIdx.x; j < width; j += SG_BLOCK) {
+            float v = (float)xr[j];
+            acc = fmaf(v, v, acc);
+        }
+        float ss = m3_block_sum(acc, s);
+        float r = 1.0f / sqrtf(ss / (float)width + eps);
+        T* yr = y + (unsigned long long)row * width;
+        for (unsigned j = threadIdx.x; j < width; j += SG_BLOCK) {
+            yr[j] = (T)((float)xr[j] * r * w[j]);
+        }
+        if (threadIdx.x == 0) {
+            rstd[row] = r;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_rmsnorm_fwd_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+                       float* __restrict__ rstd, unsigned width, float eps, unsigned rows) {
+    rmsnorm_fwd<float>(x, w, y, rstd, width, eps, rows);
+}
+
+// One block per row of the in_proj output: reciprocal RMS of every B and C
+// group (one warp per group), theta = pi tanh(angles), and per head
+// dt = softplus(dd_dt + dt_bias), adt = -max(heavy_tail(dd_A), A_floor) dt,
+// lam = sigmoid(trap).
+template <typename T>
+__device__ void prep(const T* __restrict__ proj, const float* __restrict__ dt_bias, float* __restrict__ rstd_b,
+                     float* __restrict__ rstd_c, float* __restrict__ theta, float* __restrict__ dt,
+                     float* __restrict__ adt, float* __restrict__ lam, M3Dims d) {
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = SG_BLOCK / 32;
+    for (unsigned row = blockIdx.x; row < d.rows; row += gridDim.x) {
+        const T* pr = proj + (unsigned long long)row * d.width;
+        for (unsigned g = warp; g < d.ngroups; g += nwarps) {
+            float sb = 0.0f, sc = 0.0f;
+            for (unsigned n = lane; n < d.d_state; n += 32) {
+                float bv = (float)pr[d.off_b + g * d.d_state + n];
+                float cv = (float)pr[d.off_c + g * d.d_state + n];
+                sb = fmaf(bv, bv, sb);
+                sc = fmaf(cv, cv, sc);
+            }
+            sb = m3_warp_sum(sb);
+            sc = m3_warp_sum(sc);
+            if (lane == 0) {
+                rstd_b[(unsigned long long)row * d.ngroups + g] = 1.0f / sqrtf(sb / (float)d.d_state + d.eps);
+                rstd_c[(unsigned long long)row * d.ngroups + g] = 1.0f / sqrtf(sc / (float)d.d_state + d.eps);
+            }
+        }
+        for (unsigned s = threadIdx.x; s < d.angles; s += SG_BLOCK) {
+            theta[(unsigned long long)row * d.angles + s] = M3_PI * tanhf((float)pr[d.off_ang + s]);
+        }
+        for (unsigned h = threadIdx.x; h < d.nheads; h += SG_BLOCK) {
+            unsigned long long rh = (unsigned long long)row * d.nheads + h;
+            float dtv = m3_softplus((float)pr[d.off_dt + h] + dt_bias[h]);
+            float a = -fmaxf(m3_heavy_tail((float)pr[d.off_a + h]), d.a_floor);
+            dt[rh] = dtv;
+            adt[rh] = a * dtv;
+            lam[rh] = m3_sigmoid((float)pr[d.off_trap + h]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_prep_f32(const float* __restrict__ proj, const float* __restrict__ dt_bias, float* __restrict__ rstd_b,
+                float* __restrict__ rstd_c, float* __restrict__ theta, float* __restrict__ dt,
+                float* __restrict__ adt, float* __restrict__ lam, M3Dims d) {
+    prep<float>(proj, dt_bias, rstd_b, rstd_c, theta, dt, adt, lam, d);
+}
+
+// One thread per (b, h, angle): phi_t = (phi_{t-1} + dt_t theta_t) mod 2 pi,
+// sequential in t (the window starts from phi = 0).
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_angle_fwd_f32(const float* __restrict__ dt, const float* __restrict__ theta, float* __restrict__ phi,
+                     M3Dims d) {
+    unsigned long long n = (unsigned long long)d.batch * d.nheads * d.angles;
+    SG_FOR_EACH(i, n) {
+        unsigned s = (unsigned)(i % d.angles);
+        unsigned h = (unsigned)((i / d.angles) % d.nheads);
+        unsigned b = (unsigned)(i / ((unsigned long long)d.angles * d.nheads));
+        float run = 0.0f;
+        for (unsigned t = 0; t < d.len; ++t) {
+            unsigned long long row = (unsigned long long)b * d.len + t;
+            float v = fmaf(dt[row * d.nheads + h], theta[row * d.angles + s], run);
+            run = v - M3_TWO_PI * floorf(v / M3_TWO_PI);
+            phi[(row * d.nheads + h) * d.angles + s] = run;
+        }
+    }
+}
+
+// One warp per (row, head), one lane per interleaved pair: the biased,
+// normalised key/query of the head's group, their unrotated dot product, and
+// the rotation of the first S pairs by +phi.
+template <typename T>
+__device__ void qk_fwd(const T* __restrict__ proj, const float* __restrict__ rstd_b, const float* __restrict__ rstd_c,
+                       const float* __restrict__ b_norm, const float* __restrict__ c_norm,
+                       const float* __restrict__ b_bias, const float* __restrict__ c_bias,
+                       const float* __restrict__ phi, T* __restrict__ q, T* __restrict__ k,
+                       float* __restrict__ qk_raw, M3Dims d) {
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
+    const unsigned long long total = (unsigned long long)d.rows * d.nheads;
+    const unsigned hpg = d.nheads / d.ngroups;
+    for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32; w < total;
+         w += warps) {
+        unsigned long long row = w / d.nheads;
+        unsigned h = (unsigned)(w % d.nheads);
+        unsigned g = h / hpg;
+        const T* pr = proj + row * d.width;
+        float rb = rstd_b[row * d.ngroups + g], rc = rstd_c[row * d.ngroups + g];
+        float dot = 0.0f;
+        for (unsigned i = lane; 2 * i < d.d_state; i += 32) {
+            unsigned j0 = 2 * i, j1 = 2 * i + 1;
+            float kb0 = (float)pr[d.off_b + g * d.d_state + j0] * rb * b_norm[j0] + b_bias[h * d.d_state + j0];
+            float kb1 = (float)pr[d.off_b + g * d.d_state + j1] * rb * b_norm[j1] + b_bias[h * d.d_state + j1];
+            float qb0 = (float)pr[d.off_c + g * d.d_state + j0] * rc * c_norm[j0] + c_bias[h * d.d_state + j0];
+            float qb1 = (float)pr[d.off_c + g * d.d_state + j1] * rc * c_norm[j1] + c_bias[h * d.d_state + j1];
+            dot = fmaf(qb0, kb0, dot);
+            dot = fmaf(qb1, kb1, dot);
+            if (i < d.angles) {
+                float sn, cs;
+                sincosf(phi[w * d.angles + i], &sn, &cs);
+                float k0 = kb0 * cs - kb1 * sn, k1 = kb0 * sn + kb1 * cs;
+                float q0 = qb0 * cs - qb1 * sn, q1 = qb0 * sn + qb1 * cs;
+                kb0 = k0; kb1 = k1; qb0 = q0; qb1 = q1;
+            }
+            k[w * d.d_state + j0] = (T)kb0;
+            k[w * d.d_state + j1] = (T)kb1;
+            q[w * d.d_state + j0] = (T)qb0;
+            q[w * d.d_state + j1] = (T)qb1;
+        }
+        dot = m3_warp_sum(dot);
+        if (lane == 0) {
+            qk_raw[w] = dot;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_qk_fwd_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b, const float* __restrict__ rstd_c,
+                  const float* __restrict__ b_norm, const float* __restrict__ c_norm,
+                  const float* __restrict__ b_bias, const float* __restrict__ c_bias,
+                  const float* __restrict__ phi, float* __restrict__ q, float* __restrict__ k,
+                  float* __restrict__ qk_raw, M3Dims d) {
+    qk_fwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
+}
+
+// One warp per (row, head): o = y' * silu(z), y' = y, or with the output norm
+// y' = RMSNorm_P(y) w (its reciprocal RMS kept in gate_rstd). `has_norm` = 0
+// ignores `norm_w` and `gate_rstd`.
+template <typename T>
+__device__ void gate_fwd(const T* __restrict__ y, const T* __restrict__ proj, const float* __restrict__ norm_w,
+                         T* __restrict__ o, float* __restrict__ gate_rstd, unsigned has_norm, M3Dims d) {
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
+    const unsigned long long total = (unsigned long long)d.rows * d.nheads;
+    for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32; w < total;
+         w += warps) {
+        unsigned long long row = w / d.nheads;
+        unsigned h = (unsigned)(w % d.nheads);
+        const T* yr = y + row * d.d_inner + (unsigned long long)h * d.headdim;
+        const T* zr = proj + row * d.width + d.off_z + (unsigned long long)h * d.headdim;
+        T* orow = o + row * d.d_inner + (unsigned long long)h * d.headdim;
+        float r = 1.0f;
+        if (has_norm) {
+            float acc = 0.0f;
+            for (unsigned j = lane; j < d.headdim; j += 32) {
+                float v = (float)yr[j];
+                acc = fmaf(v, v, acc);
+            }
+            acc = m3_warp_sum(acc);
+            r = 1.0f / sqrtf(acc / (float)d.headdim + d.eps);
+            if (lane == 0) {
+                gate_rstd[w] = r;
+            }
+        }
+        for (unsigned j = lane; j < d.headdim; j += 32) {
+            float yv = (float)yr[j];
+            float yn = has_norm ? yv * r * norm_w[h * d.headdim + j] : yv;
+            orow[j] = (T)(yn * m3_silu((float)zr[j]));
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_gate_fwd_f32(const float* __restrict__ y, const float* __restrict__ proj, const float* __restrict__ norm_w,
+                    float* __restrict__ o, float* __restrict__ gate_rstd, unsigned has_norm, M3Dims d) {
+    gate_fwd<float>(y, proj, norm_w, o, gate_rstd, has_norm, d);
+}
+
+// One block per row: lse = log sum exp(logits), row_loss = lse - logit[target]
+// with target = tokens[b, t + 1]; an out-of-range target gives NaN.
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_ce_fwd_f32(const float* __restrict__ logits, const int* __restrict__ tokens, float* __restrict__ lse,
+                  float* __restrict__ row_loss, unsigned vocab, unsigned len, unsigned rows) {
+    __shared__ float s[SG_BLOCK];
+    for (unsigned row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float* lr = logits + (unsigned long long)row * vocab;
+        float m = -__int_as_float(0x7f800000);
+        for (unsigned j = threadIdx.x; j < vocab; j += SG_BLOCK) {
+            m = fmaxf(m, lr[j]);
+        }
+        m = m3_block_max(m, s);
+        float acc = 0.0f;
+        for (unsigned j = threadIdx.x; j < vocab; j += SG_BLOCK) {
+            acc += expf(lr[j] - m);
+        }
+        float z = m3_block_sum(acc, s);
+        if (threadIdx.x == 0) {
+            float l = m + logf(z);
+            unsigned b = row / len, t = row % len;
+            int tgt = tokens[(unsigned long long)b * (len + 1) + t + 1];
+            lse[row] = l;
+            row_loss[row] = (tgt >= 0 && (unsigned)tgt < vocab) ? l - lr[tgt] : __int_as_float(0x7fc00000);
+        }
+    }
+}
+
+// One block: out[0] = sum(x[0..n)) / n in a fixed order.
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_mean_f32(const float* __restrict__ x, unsigned n, float* __restrict__ out) {
+    __shared__ float s[SG_BLOCK];
+    float acc = 0.0f;
+    for (unsigned i = threadIdx.x; i < n; i += SG_BLOCK) {
+        acc += x[i];
+    }
+    float total = m3_block_sum(acc, s);
+    if (threadIdx.x == 0) {
+        out[0] = total / (float)(n > 0 ? n : 1);
+    }
+}

@@ -1,0 +1,349 @@
+// The chunked ("shifted scale") Mamba-3 SISO scan, forward and backward, one
+// thread block per (batch row, head) walking every chunk of the window in
+// order (forward) or in reverse (backward), as the official kernel does.
+//
+// Per chunk [c0, c0 + L), with cs_t the inclusive cumsum of adt inside the
+// chunk, S_c the state entering it, k~_s = scale_s k_s and
+// dg_t = D + gamma_t (q̂_t · k̂_t):
+//   y_t     = e^{cs_t} S_c q_t + sum_{s<t} e^{cs_t - cs_s} (q_t · k~_s) v_s + dg_t v_t
+//   S_{c+1} = e^{cs_last} S_c + sum_s e^{cs_last - cs_s} v_s k~_s^T
+// The window starts from a zero state (a training step carries none). The
+// forward pass stores every S_c; the backward pass reads them back and
+// carries G = dL/dS_{c+1} from the last chunk to the first.
+//
+// Shared memory is dynamic (sized by the wrapper from P, N and C); rows of
+// N-wide tiles are padded to N + 1 floats so column walks avoid bank conflicts.
+// All sums run in a fixed order: results are bit-identical run to run.
+#include "mamba3_common.cuh"
+
+__device__ __forceinline__ float m3_scale(const float* dt, const float* lam, unsigned long long rh, unsigned t,
+                                          unsigned len, unsigned nheads) {
+    float s = lam[rh] * dt[rh];
+    if (t + 1 < len) {
+        unsigned long long nx = rh + nheads;
+        s += dt[nx] * (1.0f - lam[nx]);
+    }
+    return s;
+}
+
+template <typename T>
+__device__ void scan_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ proj,
+                         const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+                         const float* __restrict__ qk_raw, const float* __restrict__ dskip, T* __restrict__ y,
+                         float* __restrict__ states, M3Dims d) {
+    extern __shared__ float sm[];
+    const unsigned P = d.headdim, N = d.d_state, C = d.chunk, NS = N + 1;
+    float* S = sm;             // P x NS
+    float* Q = S + P * NS;     // C x NS
+    float* K = Q + C * NS;     // C x NS, scaled keys
+    float* V = K + C * NS;     // C x P
+    float* W = V + C * P;      // C x C, scores incl. diagonal
+    float* cs = W + C * C;     // C
+    float* dg = cs + C;        // C
+    float* dl = dg + C;        // C, e^{cs_last - cs_s}
+    const unsigned tid = threadIdx.x;
+    const unsigned bh = blockIdx.x, b = bh / d.nheads, h = bh % d.nheads;
+    const float dh = dskip[h];
+    for (unsigned i = tid; i < P * NS; i += SG_BLOCK) {
+        S[i] = 0.0f;
+    }
+    for (unsigned c = 0; c < d.nchunks; ++c) {
+        const unsigned c0 = c * C, L = min(C, d.len - c0);
+        const unsigned long long row0 = (unsigned long long)b * d.len + c0;
+        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+            unsigned t = i / N, n = i % N;
+            unsigned long long rh = (row0 + t) * d.nheads + h;
+            Q[t * NS + n] = (float)q[rh * N + n];
+            K[t * NS + n] = m3_scale(dt, lam, rh, c0 + t, d.len, d.nheads) * (float)k[rh * N + n];
+        }
+        for (unsigned i = tid; i < L * P; i += SG_BLOCK) {
+            unsigned t = i / P, p = i % P;
+            V[i] = (float)proj[(row0 + t) * d.width + d.off_x + h * P + p];
+        }
+        for (unsigned t = tid; t < L; t += SG_BLOCK) {
+            unsigned long long rh = (row0 + t) * d.nheads + h;
+            dg[t] = dh + lam[rh] * dt[rh] * qk_raw[rh];
+        }
+        if (tid == 0) {
+            float acc = 0.0f;
+            for (unsigned t = 0; t < L; ++t) {
+                acc += adt[(row0 + t) * d.nheads + h];
+                cs[t] = acc;
+            }
+            for (unsigned t = 0; t < L; ++t) {
+                dl[t] = expf(acc - cs[t]);
+            }
+        }
+        float* st = states + ((unsigned long long)bh * d.nchunks + c) * P * N;
+        for (unsigned i = tid; i < P * N; i += SG_BLOCK) {
+            st[i] = S[(i / N) * NS + i % N];
+        }
+        __syncthreads();
+        for (unsigned i = tid; i < L * L; i += SG_BLOCK) {
+            unsigned t = i / L, s = i % L;
+            float w = 0.0f;
+            if (s < t) {
+                float acc = 0.0f;
+                for (unsigned n = 0; n < N; ++n) {
+                    acc = fmaf(Q[t * NS + n], K[s * NS + n], acc);
+                }
+                w = expf(cs[t] - cs[s]) * acc;
+            } else if (s == t) {
+                w = dg[t];
+            }
+            W[t * C + s] = w;
+        }
+        __syncthreads();
+        for (unsigned i = tid; i < L * P; i += SG_BLOCK) {
+            unsigned t = i / P, p = i % P;
+            float inter = 0.0f;
+            for (unsigned n = 0; n < N; ++n) {
+                inter = fmaf(S[p * NS + n], Q[t * NS + n], inter);
+            }
+            float acc = expf(cs[t]) * inter;
+            for (unsigned s = 0; s <= t; ++s) {
+                acc = fmaf(W[t * C + s], V[s * P + p], acc);
+            }
+            y[(row0 + t) * d.d_inner + h * P + p] = (T)acc;
+        }
+        __syncthreads();
+        const float total = expf(cs[L - 1]);
+        for (unsigned i = tid; i < P * N; i += SG_BLOCK) {
+            unsigned p = i / N, n = i % N;
+            float acc = total * S[p * NS + n];
+            for (unsigned s = 0; s < L; ++s) {
+                acc = fmaf(dl[s] * V[s * P + p], K[s * NS + n], acc);
+            }
+            S[p * NS + n] = acc;
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_scan_fwd_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ proj,
+                    const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+                    const float* __restrict__ qk_raw, const float* __restrict__ dskip, float* __restrict__ y,
+                    float* __restrict__ states, M3Dims d) {
+    scan_fwd<float>(q, k, proj, dt, adt, lam, qk_raw, dskip, y, states, d);
+}
+
+// Backward of the chunked scan. Outputs, per (row, head): dq and dk (with
+// respect to the rotated, unscaled q and k) [rows, H, N]; dv into the x
+// columns of dproj; dadt, dscale (dL/d scale_t) and dqkdot (dL/d dg_t, which
+// is also the D gradient's summand) [rows, H]; and dskip_part[b * H + h] =
+// dL/dD summed over the row's window.
+template <typename T>
+__device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ proj,
+                         const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+                         const float* __restrict__ qk_raw, const float* __restrict__ dskip,
+                         const float* __restrict__ states, const T* __restrict__ dy, float* __restrict__ dq,
+                         float* __restrict__ dk, T* __restrict__ dproj, float* __restrict__ dadt,
+                         float* __restrict__ dscale, float* __restrict__ dqkdot, float* __restrict__ dskip_part,
+                         M3Dims d) {
+    extern __shared__ float sm[];
+    const unsigned P = d.headdim, N = d.d_state, C = d.chunk, NS = N + 1, CS = C + 1;
+    float* G = sm;             // P x NS, dL/dS_{c+1}
+    float* Q = G + P * NS;     // C x NS
+    float* K = Q + C * NS;     // C x NS, scaled keys
+    float* DK = K + C * NS;    // C x NS, scratch: e^{cs_t} S_c^T dy_t, then dk~
+    float* V = DK + C * NS;    // C x P
+    float* DY = V + C * P;     // C x P
+    float* GK = DY + C * P;    // C x P, e^{cs_last - cs_s} G k~_s
+    float* QK = GK + C * P;    // C x CS, q_t . k~_s (s < t)
+    float* DV = QK + C * CS;   // C x CS, dy_t . v_s (s < t)
+    float* cs = DV + C * CS;   // C
+    float* dl = cs + C;        // C, e^{cs_last - cs_s}
+    float* dg = dl + C;        // C, D + gamma qk_raw
+    float* sc = dg + C;        // C, scale
+    float* dcs = sc + C;       // C
+    float* red = dcs + C;      // SG_BLOCK
+    const unsigned tid = threadIdx.x;
+    const unsigned bh = blockIdx.x, b = bh / d.nheads, h = bh % d.nheads;
+    const float dh = dskip[h];
+    float dd_acc = 0.0f;
+    for (unsigned i = tid; i < P * NS; i += SG_BLOCK) {
+        G[i] = 0.0f;
+    }
+    for (unsigned cc = d.nchunks; cc-- > 0;) {
+        const unsigned c0 = cc * C, L = min(C, d.len - c0);
+        const unsigned long long row0 = (unsigned long long)b * d.len + c0;
+        const float* st = states + ((unsigned long long)bh * d.nchunks + cc) * P * N;
+        for (unsigned t = tid; t < L; t += SG_BLOCK) {
+            unsigned long long rh = (row0 + t) * d.nheads + h;
+            sc[t] = m3_scale(dt, lam, rh, c0 + t, d.len, d.nheads);
+            dg[t] = dh + lam[rh] * dt[rh] * qk_raw[rh];
+        }
+        if (tid == 0) {
+            float acc = 0.0f;
+            for (unsigned t = 0; t < L; ++t) {
+                acc += adt[(row0 + t) * d.nheads + h];
+                cs[t] = acc;
+            }
+            for (unsigned t = 0; t < L; ++t) {
+                dl[t] = expf(acc - cs[t]);
+            }
+        }
+        __syncthreads();
+        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+            unsigned t = i / N, n = i % N;
+            unsigned long long rh = (row0 + t) * d.nheads + h;
+            Q[t * NS + n] = (float)q[rh * N + n];
+            K[t * NS + n] = sc[t] * (float)k[rh * N + n];
+        }
+        for (unsigned i = tid; i < L * P; i += SG_BLOCK) {
+            unsigned t = i / P, p = i % P;
+            V[i] = (float)proj[(row0 + t) * d.width + d.off_x + h * P + p];
+            DY[i] = (float)dy[(row0 + t) * d.d_inner + h * P + p];
+        }
+        __syncthreads();
+        for (unsigned i = tid; i < L * L; i += SG_BLOCK) {
+            unsigned t = i / L, s = i % L;
+            float a = 0.0f, bb = 0.0f;
+            if (s < t) {
+                for (unsigned n = 0; n < N; ++n) {
+                    a = fmaf(Q[t * NS + n], K[s * NS + n], a);
+                }
+                for (unsigned p = 0; p < P; ++p) {
+                    bb = fmaf(DY[t * P + p], V[s * P + p], bb);
+                }
+            }
+            QK[t * CS + s] = a;
+            DV[t * CS + s] = bb;
+        }
+        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+            unsigned t = i / N, n = i % N;
+            float acc = 0.0f;
+            for (unsigned p = 0; p < P; ++p) {
+                acc = fmaf(DY[t * P + p], st[p * N + n], acc);
+            }
+            DK[t * NS + n] = expf(cs[t]) * acc;
+        }
+        __syncthreads();
+        // dq, and the inter-chunk part of dcs.
+        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+            unsigned t = i / N, n = i % N;
+            float acc = DK[t * NS + n];
+            for (unsigned s = 0; s < t; ++s) {
+                acc = fmaf(expf(cs[t] - cs[s]) * DV[t * CS + s], K[s * NS + n], acc);
+            }
+            dq[((row0 + t) * d.nheads + h) * N + n] = acc;
+        }
+        for (unsigned t = tid; t < L; t += SG_BLOCK) {
+            float acc = 0.0f;
+            for (unsigned n = 0; n < N; ++n) {
+                acc = fmaf(Q[t * NS + n], DK[t * NS + n], acc);
+            }
+            dcs[t] = acc;
+        }
+        __syncthreads();
+        // dk~ = intra-chunk part + e^{cs_last - cs_s} G^T v_s.
+        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+            unsigned s = i / N, n = i % N;
+            float acc = 0.0f;
+            for (unsigned t = s + 1; t < L; ++t) {
+                acc = fmaf(expf(cs[t] - cs[s]) * DV[t * CS + s], Q[t * NS + n], acc);
+            }
+            float gv = 0.0f;
+            for (unsigned p = 0; p < P; ++p) {
+                gv = fmaf(G[p * NS + n], V[s * P + p], gv);
+            }
+            DK[s * NS + n] = fmaf(dl[s], gv, acc);
+        }
+        // dv = intra-chunk part + dg_s dy_s + e^{cs_last - cs_s} G k~_s.
+        for (unsigned i = tid; i < L * P; i += SG_BLOCK) {
+            unsigned s = i / P, p = i % P;
+            float acc = 0.0f;
+            for (unsigned t = s + 1; t < L; ++t) {
+                acc = fmaf(expf(cs[t] - cs[s]) * QK[t * CS + s], DY[t * P + p], acc);
+            }
+            float gk = 0.0f;
+            for (unsigned n = 0; n < N; ++n) {
+                gk = fmaf(G[p * NS + n], K[s * NS + n], gk);
+            }
+            gk *= dl[s];
+            GK[s * P + p] = gk;
+            acc = fmaf(dg[s], DY[s * P + p], acc) + gk;
+            dproj[(row0 + s) * d.width + d.off_x + h * P + p] = (T)acc;
+        }
+        __syncthreads();
+        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+            unsigned s = i / N, n = i % N;
+            dk[((row0 + s) * d.nheads + h) * N + n] = sc[s] * DK[s * NS + n];
+        }
+        float part = 0.0f;
+        for (unsigned i = tid; i < P * N; i += SG_BLOCK) {
+            part = fmaf(G[(i / N) * NS + i % N], st[i], part);
+        }
+        const float total = expf(cs[L - 1]);
+        const float gs = total * m3_block_sum(part, red);
+        for (unsigned t = tid; t < L; t += SG_BLOCK) {
+            unsigned long long rh = (row0 + t) * d.nheads + h;
+            float pairs = 0.0f;
+            for (unsigned s = 0; s < t; ++s) {
+                pairs = fmaf(expf(cs[t] - cs[s]) * QK[t * CS + s], DV[t * CS + s], pairs);
+            }
+            for (unsigned u = t + 1; u < L; ++u) {
+                pairs -= expf(cs[u] - cs[t]) * QK[u * CS + t] * DV[u * CS + t];
+            }
+            float vgk = 0.0f, dyv = 0.0f;
+            for (unsigned p = 0; p < P; ++p) {
+                vgk = fmaf(V[t * P + p], GK[t * P + p], vgk);
+                dyv = fmaf(DY[t * P + p], V[t * P + p], dyv);
+            }
+            float ds = 0.0f;
+            for (unsigned n = 0; n < N; ++n) {
+                ds = fmaf(DK[t * NS + n], (float)k[rh * N + n], ds);
+            }
+            dcs[t] += pairs - vgk;
+            dqkdot[rh] = dyv;
+            dscale[rh] = ds;
+            // The last position also drives e^{cs_last} in front of S_c and
+            // of every e^{cs_last - cs_s}: vgk summed over s is its share.
+            GK[t * P] = vgk;
+            DY[t * P] = dyv;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            float sum_vgk = 0.0f;
+            for (unsigned t = 0; t < L; ++t) {
+                sum_vgk += GK[t * P];
+                dd_acc += DY[t * P];
+            }
+            dcs[L - 1] += gs + sum_vgk;
+            float acc = 0.0f;
+            for (unsigned t = L; t-- > 0;) {
+                acc += dcs[t];
+                dadt[(row0 + t) * d.nheads + h] = acc;
+            }
+        }
+        __syncthreads();
+        // G <- dL/dS_c = e^{cs_last} G + sum_t e^{cs_t} dy_t q_t^T. DY[t*P]
+        // was overwritten above, so dy_t is read from global memory again.
+        for (unsigned i = tid; i < P * N; i += SG_BLOCK) {
+            unsigned p = i / N, n = i % N;
+            float acc = total * G[p * NS + n];
+            for (unsigned t = 0; t < L; ++t) {
+                float dyv = (float)dy[(row0 + t) * d.d_inner + h * P + p];
+                acc = fmaf(expf(cs[t]) * dyv, Q[t * NS + n], acc);
+            }
+            G[p * NS + n] = acc;
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        dskip_part[bh] = dd_acc;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_scan_bwd_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ proj,
+                    const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+                    const float* __restrict__ qk_raw, const float* __restrict__ dskip,
+                    const float* __restrict__ states, const float* __restrict__ dy, float* __restrict__ dq,
+                    float* __restrict__ dk, float* __restrict__ dproj, float* __restrict__ dadt,
+                    float* __restrict__ dscale, float* __restrict__ dqkdot, float* __restrict__ dskip_part,
+                    M3Dims d) {
+    scan_bwd<float>(q, k, proj, dt, adt, lam, qk_raw, dskip, states, dy, dq, dk, dproj, dadt, dscale, dqkdot,
+                    dskip_part, d);
+}

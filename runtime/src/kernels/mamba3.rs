@@ -1,0 +1,581 @@
+//! Launch wrappers for the Mamba-3 forward kernels (`kernels/mamba3_fwd.cu`,
+//! `kernels/mamba3_scan.cu`) and the shape record every Mamba-3 kernel takes.
+//!
+//! Each wrapper checks that every buffer holds at least what the kernel
+//! touches for the given [`Mamba3Shape`] before it launches, so a kernel can
+//! never index past an allocation. The backward and optimizer wrappers are in
+//! [`super::mamba3_bwd`].
+
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg as _};
+
+use super::launch::{self, BLOCK, MAX_ELEMENTWISE_BLOCKS};
+use crate::device::error::During as _;
+use crate::device::{DeviceBuffer, Element, Gpu, GpuError, to_u32};
+use crate::mamba3::{InProjLayout, Mamba3Config};
+
+/// Shapes of one model at one (batch, seq_len): everything a kernel needs to
+/// index its buffers, in host `usize`s.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mamba3Shape {
+    /// Batch rows B.
+    pub batch: usize,
+    /// Window length T.
+    pub len: usize,
+    /// `B * T`.
+    pub rows: usize,
+    /// Residual width.
+    pub d_model: usize,
+    /// Padded vocabulary.
+    pub vocab: usize,
+    /// Heads H.
+    pub nheads: usize,
+    /// Head dimension P.
+    pub headdim: usize,
+    /// State size N.
+    pub d_state: usize,
+    /// B/C groups G.
+    pub ngroups: usize,
+    /// Rotated pairs S.
+    pub angles: usize,
+    /// in_proj output width E.
+    pub width: usize,
+    /// `H * P`.
+    pub d_inner: usize,
+    /// Scan chunk length C.
+    pub chunk: usize,
+    /// `ceil(T / C)`.
+    pub nchunks: usize,
+    /// Column offsets of the in_proj output blocks.
+    pub layout: InProjLayout,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// `A_floor`.
+    pub a_floor: f32,
+}
+
+impl Mamba3Shape {
+    /// The shape of `cfg` at `batch x len` (the config must be valid).
+    pub fn new(cfg: &Mamba3Config, batch: usize, len: usize) -> Self {
+        let chunk = cfg.chunk_size.max(1);
+        Self {
+            batch,
+            len,
+            rows: batch.saturating_mul(len),
+            d_model: cfg.d_model,
+            vocab: cfg.padded_vocab_size(),
+            nheads: cfg.nheads(),
+            headdim: cfg.headdim,
+            d_state: cfg.d_state,
+            ngroups: cfg.ngroups,
+            angles: cfg.num_rope_angles(),
+            width: cfg.d_in_proj(),
+            d_inner: cfg.d_inner(),
+            chunk,
+            nchunks: len.div_ceil(chunk),
+            layout: cfg.in_proj_layout(),
+            // The kernels compute in f32; rounding the f64 settings once is intended.
+            eps: f64_to_f32(cfg.norm_eps),
+            a_floor: f64_to_f32(cfg.a_floor),
+        }
+    }
+
+    /// The kernels' by-value shape argument; every size must fit a `u32`.
+    pub fn dims(&self) -> Result<M3Dims, GpuError> {
+        let l = &self.layout;
+        Ok(M3Dims {
+            batch: to_u32("mamba3: batch", self.batch)?,
+            len: to_u32("mamba3: seq_len", self.len)?,
+            rows: to_u32("mamba3: batch * seq_len", self.rows)?,
+            nheads: to_u32("mamba3: nheads", self.nheads)?,
+            headdim: to_u32("mamba3: headdim", self.headdim)?,
+            d_state: to_u32("mamba3: d_state", self.d_state)?,
+            ngroups: to_u32("mamba3: ngroups", self.ngroups)?,
+            angles: to_u32("mamba3: angles", self.angles)?,
+            width: to_u32("mamba3: d_in_proj", self.width)?,
+            d_inner: to_u32("mamba3: d_inner", self.d_inner)?,
+            off_z: to_u32("mamba3: in_proj z offset", l.z)?,
+            off_x: to_u32("mamba3: in_proj x offset", l.x)?,
+            off_b: to_u32("mamba3: in_proj B offset", l.b)?,
+            off_c: to_u32("mamba3: in_proj C offset", l.c)?,
+            off_dt: to_u32("mamba3: in_proj dt offset", l.dd_dt)?,
+            off_a: to_u32("mamba3: in_proj A offset", l.dd_a)?,
+            off_trap: to_u32("mamba3: in_proj trap offset", l.trap)?,
+            off_ang: to_u32("mamba3: in_proj angles offset", l.angles)?,
+            chunk: to_u32("mamba3: chunk_size", self.chunk)?,
+            nchunks: to_u32("mamba3: chunks", self.nchunks)?,
+            eps: self.eps,
+            a_floor: self.a_floor,
+        })
+    }
+
+    /// `rows * k`, checked.
+    pub fn per_row(&self, k: usize) -> Result<usize, GpuError> {
+        crate::device::checked_elems("mamba3: rows x width", self.rows, k)
+    }
+}
+
+/// Rounds an f64 setting to the f32 the kernels compute with.
+#[allow(clippy::cast_possible_truncation)]
+fn f64_to_f32(v: f64) -> f32 {
+    // Rounding to nearest is the intent; f64 -> f32 has no fallible conversion.
+    v as f32
+}
+
+/// The `M3Dims` struct of `kernels/mamba3_common.cuh`, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[allow(missing_docs)]
+pub struct M3Dims {
+    pub batch: u32,
+    pub len: u32,
+    pub rows: u32,
+    pub nheads: u32,
+    pub headdim: u32,
+    pub d_state: u32,
+    pub ngroups: u32,
+    pub angles: u32,
+    pub width: u32,
+    pub d_inner: u32,
+    pub off_z: u32,
+    pub off_x: u32,
+    pub off_b: u32,
+    pub off_c: u32,
+    pub off_dt: u32,
+    pub off_a: u32,
+    pub off_trap: u32,
+    pub off_ang: u32,
+    pub chunk: u32,
+    pub nchunks: u32,
+    pub eps: f32,
+    pub a_floor: f32,
+}
+
+// SAFETY: `#[repr(C)]` with only 4-byte `u32`/`f32` fields (no padding, no
+// pointers), field for field the `M3Dims` struct of mamba3_common.cuh, so its
+// bytes are exactly what the kernels read.
+unsafe impl DeviceRepr for M3Dims {}
+
+/// Fails unless `buf` holds at least `need` elements.
+pub(crate) fn need<T: Element>(
+    gpu: &Gpu,
+    what: &'static str,
+    buf: &DeviceBuffer<T>,
+    need: usize,
+) -> Result<(), GpuError> {
+    gpu.check_owned(what, buf)?;
+    if buf.len() < need {
+        return Err(GpuError::BufferTooSmall {
+            what,
+            need,
+            have: buf.len(),
+        });
+    }
+    Ok(())
+}
+
+/// One block per row (grid-stride over rows beyond the cap).
+pub(crate) fn row_blocks(rows: usize) -> Result<LaunchConfig, GpuError> {
+    let r = to_u32("mamba3: rows", rows)?;
+    Ok(launch::grid(r.clamp(1, MAX_ELEMENTWISE_BLOCKS)))
+}
+
+/// One warp per item, `BLOCK / 32` warps per block.
+pub(crate) fn warp_blocks(items: usize) -> Result<LaunchConfig, GpuError> {
+    let n = to_u32("mamba3: warp items", items)?;
+    Ok(launch::grid(
+        n.div_ceil(BLOCK / 32).clamp(1, MAX_ELEMENTWISE_BLOCKS),
+    ))
+}
+
+/// One thread per item.
+pub(crate) fn thread_blocks(items: usize) -> Result<LaunchConfig, GpuError> {
+    let n = to_u32("mamba3: items", items)?;
+    Ok(launch::grid(launch::blocks(n, MAX_ELEMENTWISE_BLOCKS)))
+}
+
+/// `h[row, :] = emb[tokens[b, t], :]` for the `[B, T + 1]` token batch.
+pub fn embed_fwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    tokens: &DeviceBuffer<i32>,
+    emb: &DeviceBuffer<f32>,
+    h: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    need(gpu, "embed: tokens", tokens, sh.batch * (sh.len + 1))?;
+    need(gpu, "embed: embedding", emb, sh.vocab * sh.d_model)?;
+    need(gpu, "embed: h", h, sh.per_row(sh.d_model)?)?;
+    let (len, width, vocab, rows) = (
+        to_u32("len", sh.len)?,
+        to_u32("d_model", sh.d_model)?,
+        to_u32("vocab", sh.vocab)?,
+        to_u32("rows", sh.rows)?,
+    );
+    let f = gpu.kernel("m3_embed_fwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(tokens.slice()?)
+        .arg(emb.slice()?)
+        .arg(h.slice_mut()?)
+        .arg(&len)
+        .arg(&width)
+        .arg(&vocab)
+        .arg(&rows);
+    // SAFETY: reads tokens[b * (T + 1) + t] for t < T (B * (T + 1) checked),
+    // emb rows only for ids in [0, vocab) (vocab * d_model checked), writes
+    // h[0 .. rows * d_model) (checked); argument order matches the kernel.
+    unsafe { b.launch(thread_blocks(sh.rows * sh.d_model)?) }.during("launch m3_embed_fwd_f32")?;
+    Ok(())
+}
+
+/// Row-wise RMSNorm `y = x * rstd * w` over `rows x width`, keeping `rstd`.
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_fwd(
+    gpu: &Gpu,
+    rows: usize,
+    width: usize,
+    eps: f32,
+    x: &DeviceBuffer<f32>,
+    w: &DeviceBuffer<f32>,
+    y: &mut DeviceBuffer<f32>,
+    rstd: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let n = crate::device::checked_elems("rmsnorm: rows x width", rows, width)?;
+    need(gpu, "rmsnorm: x", x, n)?;
+    need(gpu, "rmsnorm: w", w, width)?;
+    need(gpu, "rmsnorm: y", y, n)?;
+    need(gpu, "rmsnorm: rstd", rstd, rows)?;
+    let (wu, ru) = (
+        to_u32("rmsnorm width", width)?,
+        to_u32("rmsnorm rows", rows)?,
+    );
+    let f = gpu.kernel("m3_rmsnorm_fwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(x.slice()?)
+        .arg(w.slice()?)
+        .arg(y.slice_mut()?)
+        .arg(rstd.slice_mut()?)
+        .arg(&wu)
+        .arg(&eps)
+        .arg(&ru);
+    // SAFETY: touches x/y[0 .. rows * width), w[0 .. width), rstd[0 .. rows),
+    // all checked above; `&mut y` and `&mut rstd` cannot alias the inputs.
+    unsafe { b.launch(row_blocks(rows)?) }.during("launch m3_rmsnorm_fwd_f32")?;
+    Ok(())
+}
+
+/// The per-token split: B/C reciprocal RMS, theta, dt, A dt and lam.
+#[allow(clippy::too_many_arguments)]
+pub fn prep(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    proj: &DeviceBuffer<f32>,
+    dt_bias: &DeviceBuffer<f32>,
+    rstd_b: &mut DeviceBuffer<f32>,
+    rstd_c: &mut DeviceBuffer<f32>,
+    theta: &mut DeviceBuffer<f32>,
+    dt: &mut DeviceBuffer<f32>,
+    adt: &mut DeviceBuffer<f32>,
+    lam: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    need(gpu, "prep: proj", proj, sh.per_row(sh.width)?)?;
+    need(gpu, "prep: dt_bias", dt_bias, sh.nheads)?;
+    need(gpu, "prep: rstd_b", rstd_b, sh.per_row(sh.ngroups)?)?;
+    need(gpu, "prep: rstd_c", rstd_c, sh.per_row(sh.ngroups)?)?;
+    need(gpu, "prep: theta", theta, sh.per_row(sh.angles)?)?;
+    for (what, buf) in [
+        ("prep: dt", &*dt),
+        ("prep: adt", &*adt),
+        ("prep: lam", &*lam),
+    ] {
+        need(gpu, what, buf, sh.per_row(sh.nheads)?)?;
+    }
+    let f = gpu.kernel("m3_prep_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(proj.slice()?)
+        .arg(dt_bias.slice()?)
+        .arg(rstd_b.slice_mut()?)
+        .arg(rstd_c.slice_mut()?);
+    b.arg(theta.slice_mut()?)
+        .arg(dt.slice_mut()?)
+        .arg(adt.slice_mut()?)
+        .arg(lam.slice_mut()?)
+        .arg(&d);
+    // SAFETY: per row the kernel reads proj[row * E .. row * E + E) and
+    // dt_bias[0 .. H) and writes rows x {G, G, S, H, H, H} outputs; every
+    // length was checked against the shape `d` is built from.
+    unsafe { b.launch(row_blocks(sh.rows)?) }.during("launch m3_prep_f32")?;
+    Ok(())
+}
+
+/// The angle cumsum `phi_t = (phi_{t-1} + dt_t theta_t) mod 2 pi`.
+pub fn angle_fwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    dt: &DeviceBuffer<f32>,
+    theta: &DeviceBuffer<f32>,
+    phi: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    need(gpu, "angle: dt", dt, sh.per_row(sh.nheads)?)?;
+    need(gpu, "angle: theta", theta, sh.per_row(sh.angles)?)?;
+    need(gpu, "angle: phi", phi, sh.per_row(sh.nheads * sh.angles)?)?;
+    let f = gpu.kernel("m3_angle_fwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(dt.slice()?)
+        .arg(theta.slice()?)
+        .arg(phi.slice_mut()?)
+        .arg(&d);
+    // SAFETY: reads dt[rows x H], theta[rows x S], writes phi[rows x H x S];
+    // all three lengths checked.
+    unsafe { b.launch(thread_blocks(sh.batch * sh.nheads * sh.angles)?) }
+        .during("launch m3_angle_fwd_f32")?;
+    Ok(())
+}
+
+/// Parameters the query/key kernels read: `[b_norm, c_norm, b_bias, c_bias]`.
+pub type BcParams<'a> = [&'a DeviceBuffer<f32>; 4];
+
+/// Biased, normalised, rotated queries and keys and the unrotated `q̂ · k̂`.
+#[allow(clippy::too_many_arguments)]
+pub fn qk_fwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    proj: &DeviceBuffer<f32>,
+    rstd_b: &DeviceBuffer<f32>,
+    rstd_c: &DeviceBuffer<f32>,
+    params: BcParams<'_>,
+    phi: &DeviceBuffer<f32>,
+    q: &mut DeviceBuffer<f32>,
+    k: &mut DeviceBuffer<f32>,
+    qk_raw: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    let [bn, cn, bb, cb] = params;
+    need(gpu, "qk: proj", proj, sh.per_row(sh.width)?)?;
+    need(gpu, "qk: rstd_b", rstd_b, sh.per_row(sh.ngroups)?)?;
+    need(gpu, "qk: rstd_c", rstd_c, sh.per_row(sh.ngroups)?)?;
+    need(gpu, "qk: B_norm", bn, sh.d_state)?;
+    need(gpu, "qk: C_norm", cn, sh.d_state)?;
+    need(gpu, "qk: B_bias", bb, sh.nheads * sh.d_state)?;
+    need(gpu, "qk: C_bias", cb, sh.nheads * sh.d_state)?;
+    need(gpu, "qk: phi", phi, sh.per_row(sh.nheads * sh.angles)?)?;
+    need(gpu, "qk: q", q, sh.per_row(sh.nheads * sh.d_state)?)?;
+    need(gpu, "qk: k", k, sh.per_row(sh.nheads * sh.d_state)?)?;
+    need(gpu, "qk: qk_raw", qk_raw, sh.per_row(sh.nheads)?)?;
+    let f = gpu.kernel("m3_qk_fwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(proj.slice()?)
+        .arg(rstd_b.slice()?)
+        .arg(rstd_c.slice()?);
+    b.arg(bn.slice()?)
+        .arg(cn.slice()?)
+        .arg(bb.slice()?)
+        .arg(cb.slice()?)
+        .arg(phi.slice()?);
+    b.arg(q.slice_mut()?)
+        .arg(k.slice_mut()?)
+        .arg(qk_raw.slice_mut()?)
+        .arg(&d);
+    // SAFETY: one warp per (row, head) reads proj's B/C columns, the norm
+    // weights [N], biases [H x N], phi [rows x H x S] and writes q/k
+    // [rows x H x N] and qk_raw [rows x H]; all lengths checked.
+    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_qk_fwd_f32")?;
+    Ok(())
+}
+
+/// Per-head scan inputs: `[dt, adt, lam, qk_raw]`, each `[rows, H]`.
+pub type ScanScalars<'a> = [&'a DeviceBuffer<f32>; 4];
+
+/// Dynamic shared memory of the forward scan, in bytes.
+pub fn scan_fwd_smem(sh: &Mamba3Shape) -> usize {
+    let (p, n, c) = (sh.headdim, sh.d_state + 1, sh.chunk);
+    4 * (p * n + 2 * c * n + c * p + c * c + 3 * c)
+}
+
+/// Dynamic shared memory of the backward scan, in bytes.
+pub fn scan_bwd_smem(sh: &Mamba3Shape) -> usize {
+    let (p, n, c) = (sh.headdim, sh.d_state + 1, sh.chunk);
+    4 * (p * n + 3 * c * n + 3 * c * p + 2 * c * (c + 1) + 5 * c + launch_block())
+}
+
+fn launch_block() -> usize {
+    usize::try_from(BLOCK).unwrap_or(256)
+}
+
+/// Most dynamic shared memory a block may opt into on sm_90 (227 KiB).
+pub const MAX_SCAN_SMEM: usize = 232_448;
+
+/// Launch configuration of a scan kernel: one block per (batch row, head),
+/// after opting the kernel into `smem` bytes of dynamic shared memory.
+pub(crate) fn scan_launch(
+    gpu: &Gpu,
+    name: &'static str,
+    sh: &Mamba3Shape,
+    smem: usize,
+) -> Result<LaunchConfig, GpuError> {
+    if smem > MAX_SCAN_SMEM {
+        return Err(GpuError::BufferTooSmall {
+            what: "scan shared memory per block (bytes)",
+            need: smem,
+            have: MAX_SCAN_SMEM,
+        });
+    }
+    let bytes = to_u32("scan shared memory", smem)?;
+    let opt_in = i32::try_from(smem).map_err(|_| GpuError::SizeOverflow {
+        what: "scan shared memory",
+        value: u128::from(bytes),
+        target: "i32",
+    })?;
+    gpu.kernel(name)?
+        .set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            opt_in,
+        )
+        .during("opt a scan kernel into large shared memory")?;
+    let blocks = to_u32("mamba3: batch * nheads", sh.batch * sh.nheads)?;
+    Ok(LaunchConfig {
+        grid_dim: (blocks.max(1), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: bytes,
+    })
+}
+
+/// The chunked scan forward: `y` `[rows, d_inner]` and the state entering
+/// every chunk, `states` `[B, H, nchunks, P, N]`.
+#[allow(clippy::too_many_arguments)]
+pub fn scan_fwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    q: &DeviceBuffer<f32>,
+    k: &DeviceBuffer<f32>,
+    proj: &DeviceBuffer<f32>,
+    scalars: ScanScalars<'_>,
+    dskip: &DeviceBuffer<f32>,
+    y: &mut DeviceBuffer<f32>,
+    states: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    let [dt, adt, lam, qk_raw] = scalars;
+    need(gpu, "scan: q", q, sh.per_row(sh.nheads * sh.d_state)?)?;
+    need(gpu, "scan: k", k, sh.per_row(sh.nheads * sh.d_state)?)?;
+    need(gpu, "scan: proj", proj, sh.per_row(sh.width)?)?;
+    for (what, buf) in [
+        ("scan: dt", dt),
+        ("scan: adt", adt),
+        ("scan: lam", lam),
+        ("scan: qk_raw", qk_raw),
+    ] {
+        need(gpu, what, buf, sh.per_row(sh.nheads)?)?;
+    }
+    need(gpu, "scan: D", dskip, sh.nheads)?;
+    need(gpu, "scan: y", y, sh.per_row(sh.d_inner)?)?;
+    need(
+        gpu,
+        "scan: states",
+        states,
+        sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state,
+    )?;
+    let cfg = scan_launch(gpu, "m3_scan_fwd_f32", sh, scan_fwd_smem(sh))?;
+    let f = gpu.kernel("m3_scan_fwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
+    b.arg(dt.slice()?)
+        .arg(adt.slice()?)
+        .arg(lam.slice()?)
+        .arg(qk_raw.slice()?)
+        .arg(dskip.slice()?);
+    b.arg(y.slice_mut()?).arg(states.slice_mut()?).arg(&d);
+    // SAFETY: block (b, h) reads its rows of q/k [rows x H x N], proj's x
+    // columns, the [rows x H] scalars and D[h], and writes its y columns and
+    // its B x H x nchunks x P x N slice of `states`; all lengths checked, and
+    // the dynamic shared memory is the size the kernel's layout needs.
+    unsafe { b.launch(cfg) }.during("launch m3_scan_fwd_f32")?;
+    Ok(())
+}
+
+/// The z gate, optionally with the grouped output RMSNorm (`norm_w`).
+#[allow(clippy::too_many_arguments)]
+pub fn gate_fwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    y: &DeviceBuffer<f32>,
+    proj: &DeviceBuffer<f32>,
+    norm_w: Option<&DeviceBuffer<f32>>,
+    o: &mut DeviceBuffer<f32>,
+    gate_rstd: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    need(gpu, "gate: y", y, sh.per_row(sh.d_inner)?)?;
+    need(gpu, "gate: proj", proj, sh.per_row(sh.width)?)?;
+    need(gpu, "gate: o", o, sh.per_row(sh.d_inner)?)?;
+    need(gpu, "gate: gate_rstd", gate_rstd, sh.per_row(sh.nheads)?)?;
+    let has_norm = u32::from(norm_w.is_some());
+    if let Some(w) = norm_w {
+        need(gpu, "gate: norm weight", w, sh.d_inner)?;
+    }
+    // Without the norm the kernel never reads the weight; y stands in.
+    let w = norm_w.unwrap_or(y);
+    let f = gpu.kernel("m3_gate_fwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(y.slice()?)
+        .arg(proj.slice()?)
+        .arg(w.slice()?)
+        .arg(o.slice_mut()?)
+        .arg(gate_rstd.slice_mut()?);
+    b.arg(&has_norm).arg(&d);
+    // SAFETY: one warp per (row, head) reads y/proj/norm weight inside the
+    // checked lengths (the weight only when has_norm = 1, when it holds
+    // d_inner values) and writes o [rows x d_inner], gate_rstd [rows x H].
+    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_gate_fwd_f32")?;
+    Ok(())
+}
+
+/// Per-row log-sum-exp and loss of the logits against `tokens[:, 1:]`.
+pub fn ce_fwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    logits: &DeviceBuffer<f32>,
+    tokens: &DeviceBuffer<i32>,
+    lse: &mut DeviceBuffer<f32>,
+    row_loss: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    need(gpu, "ce: logits", logits, sh.per_row(sh.vocab)?)?;
+    need(gpu, "ce: tokens", tokens, sh.batch * (sh.len + 1))?;
+    need(gpu, "ce: lse", lse, sh.rows)?;
+    need(gpu, "ce: row_loss", row_loss, sh.rows)?;
+    let (v, len, rows) = (
+        to_u32("vocab", sh.vocab)?,
+        to_u32("len", sh.len)?,
+        to_u32("rows", sh.rows)?,
+    );
+    let f = gpu.kernel("m3_ce_fwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(logits.slice()?)
+        .arg(tokens.slice()?)
+        .arg(lse.slice_mut()?)
+        .arg(row_loss.slice_mut()?);
+    b.arg(&v).arg(&len).arg(&rows);
+    // SAFETY: reads logits [rows x vocab] and tokens [B x (T + 1)], writes
+    // lse/row_loss [rows]; all checked. Targets outside the vocabulary are
+    // never used as an index.
+    unsafe { b.launch(row_blocks(sh.rows)?) }.during("launch m3_ce_fwd_f32")?;
+    Ok(())
+}
+
+/// `out[0] = mean(x[0 .. n))` in a fixed order (one block).
+pub fn mean(
+    gpu: &Gpu,
+    x: &DeviceBuffer<f32>,
+    n: usize,
+    out: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    need(gpu, "mean: x", x, n)?;
+    need(gpu, "mean: out", out, 1)?;
+    let nu = to_u32("mean: n", n)?;
+    let f = gpu.kernel("m3_mean_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(x.slice()?).arg(&nu).arg(out.slice_mut()?);
+    // SAFETY: one block reads x[0 .. n) and writes out[0]; both checked.
+    unsafe { b.launch(launch::grid(1)) }.during("launch m3_mean_f32")?;
+    Ok(())
+}

@@ -1,0 +1,611 @@
+//! Launch wrappers for the Mamba-3 backward kernels (`kernels/mamba3_bwd.cu`,
+//! the backward half of `kernels/mamba3_scan.cu`) and the device AdamW
+//! (`kernels/mamba3_adamw.cu`). Same contract as [`super::mamba3`]: lengths
+//! are checked against the shape before any launch.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg as _};
+
+use super::launch::{self, BLOCK};
+use super::mamba3::{
+    BcParams, Mamba3Shape, ScanScalars, need, row_blocks, scan_bwd_smem, scan_launch,
+    thread_blocks, warp_blocks,
+};
+use crate::device::error::During as _;
+use crate::device::{DeviceBuffer, Gpu, GpuError, to_u32};
+
+/// `dlogits = (softmax(logits) - onehot(target)) / rows`.
+pub fn ce_bwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    logits: &DeviceBuffer<f32>,
+    lse: &DeviceBuffer<f32>,
+    tokens: &DeviceBuffer<i32>,
+    dlogits: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let n = sh.per_row(sh.vocab)?;
+    need(gpu, "ce_bwd: logits", logits, n)?;
+    need(gpu, "ce_bwd: lse", lse, sh.rows)?;
+    need(gpu, "ce_bwd: tokens", tokens, sh.batch * (sh.len + 1))?;
+    need(gpu, "ce_bwd: dlogits", dlogits, n)?;
+    let (v, len, rows) = (
+        to_u32("vocab", sh.vocab)?,
+        to_u32("len", sh.len)?,
+        to_u32("rows", sh.rows)?,
+    );
+    // The CPU oracle scales by 1 / rows too; rows fits in u32, so in f64 exactly.
+    let inv = 1.0 / f64::from(rows.max(1));
+    #[allow(clippy::cast_possible_truncation)]
+    let inv = inv as f32;
+    let f = gpu.kernel("m3_ce_bwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(logits.slice()?)
+        .arg(lse.slice()?)
+        .arg(tokens.slice()?)
+        .arg(dlogits.slice_mut()?);
+    b.arg(&v).arg(&len).arg(&rows).arg(&inv);
+    // SAFETY: elementwise over rows x vocab (logits and dlogits checked),
+    // lse [rows] and tokens [B x (T + 1)] checked.
+    unsafe { b.launch(thread_blocks(n)?) }.during("launch m3_ce_bwd_f32")?;
+    Ok(())
+}
+
+/// RMSNorm backward over `rows x width`: `dx` (written, or added to when
+/// `accumulate`), and the weight's per-row share in `contrib`.
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_bwd(
+    gpu: &Gpu,
+    rows: usize,
+    width: usize,
+    x: &DeviceBuffer<f32>,
+    w: &DeviceBuffer<f32>,
+    rstd: &DeviceBuffer<f32>,
+    dy: &DeviceBuffer<f32>,
+    dx: &mut DeviceBuffer<f32>,
+    contrib: &mut DeviceBuffer<f32>,
+    accumulate: bool,
+) -> Result<(), GpuError> {
+    let n = crate::device::checked_elems("rmsnorm_bwd: rows x width", rows, width)?;
+    need(gpu, "rmsnorm_bwd: x", x, n)?;
+    need(gpu, "rmsnorm_bwd: w", w, width)?;
+    need(gpu, "rmsnorm_bwd: rstd", rstd, rows)?;
+    need(gpu, "rmsnorm_bwd: dy", dy, n)?;
+    need(gpu, "rmsnorm_bwd: dx", dx, n)?;
+    need(gpu, "rmsnorm_bwd: contrib", contrib, n)?;
+    let (wu, ru, acc) = (
+        to_u32("width", width)?,
+        to_u32("rows", rows)?,
+        u32::from(accumulate),
+    );
+    let f = gpu.kernel("m3_rmsnorm_bwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(x.slice()?)
+        .arg(w.slice()?)
+        .arg(rstd.slice()?)
+        .arg(dy.slice()?);
+    b.arg(dx.slice_mut()?)
+        .arg(contrib.slice_mut()?)
+        .arg(&wu)
+        .arg(&acc)
+        .arg(&ru);
+    // SAFETY: one block per row touches [row * width, row * width + width)
+    // of x, dy, dx and contrib, w[0 .. width) and rstd[row]; all checked.
+    unsafe { b.launch(row_blocks(rows)?) }.during("launch m3_rmsnorm_bwd_f32")?;
+    Ok(())
+}
+
+/// Backward of the z gate: `dz` into `dproj`, `dy`, and the output norm
+/// weight's per-row share in `contrib` (only with `norm_w`).
+#[allow(clippy::too_many_arguments)]
+pub fn gate_bwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    y: &DeviceBuffer<f32>,
+    proj: &DeviceBuffer<f32>,
+    norm_w: Option<&DeviceBuffer<f32>>,
+    gate_rstd: &DeviceBuffer<f32>,
+    d_o: &DeviceBuffer<f32>,
+    dproj: &mut DeviceBuffer<f32>,
+    dy: &mut DeviceBuffer<f32>,
+    contrib: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    let di = sh.per_row(sh.d_inner)?;
+    need(gpu, "gate_bwd: y", y, di)?;
+    need(gpu, "gate_bwd: proj", proj, sh.per_row(sh.width)?)?;
+    need(
+        gpu,
+        "gate_bwd: gate_rstd",
+        gate_rstd,
+        sh.per_row(sh.nheads)?,
+    )?;
+    need(gpu, "gate_bwd: d_o", d_o, di)?;
+    need(gpu, "gate_bwd: dproj", dproj, sh.per_row(sh.width)?)?;
+    need(gpu, "gate_bwd: dy", dy, di)?;
+    need(gpu, "gate_bwd: contrib", contrib, di)?;
+    if let Some(w) = norm_w {
+        need(gpu, "gate_bwd: norm weight", w, sh.d_inner)?;
+    }
+    let has_norm = u32::from(norm_w.is_some());
+    let w = norm_w.unwrap_or(y);
+    let f = gpu.kernel("m3_gate_bwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(y.slice()?)
+        .arg(proj.slice()?)
+        .arg(w.slice()?)
+        .arg(gate_rstd.slice()?)
+        .arg(d_o.slice()?);
+    b.arg(dproj.slice_mut()?)
+        .arg(dy.slice_mut()?)
+        .arg(contrib.slice_mut()?)
+        .arg(&has_norm)
+        .arg(&d);
+    // SAFETY: one warp per (row, head) stays inside the checked lengths; the
+    // norm weight is read only when has_norm = 1 (then it holds d_inner).
+    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_gate_bwd_f32")?;
+    Ok(())
+}
+
+/// Everything the scan backward writes.
+pub struct ScanGrads<'a> {
+    /// dL/dq (rotated frame) `[rows, H, N]`.
+    pub dq: &'a mut DeviceBuffer<f32>,
+    /// dL/dk (rotated frame, unscaled) `[rows, H, N]`.
+    pub dk: &'a mut DeviceBuffer<f32>,
+    /// dL/dv lands in the x columns of dL/dproj `[rows, E]`.
+    pub dproj: &'a mut DeviceBuffer<f32>,
+    /// dL/d(A dt) `[rows, H]`.
+    pub dadt: &'a mut DeviceBuffer<f32>,
+    /// dL/d scale `[rows, H]`.
+    pub dscale: &'a mut DeviceBuffer<f32>,
+    /// dL/d(D + gamma q̂·k̂) `[rows, H]`.
+    pub dqkdot: &'a mut DeviceBuffer<f32>,
+    /// dL/dD per (batch row, head) `[B, H]`.
+    pub dskip_part: &'a mut DeviceBuffer<f32>,
+}
+
+/// The chunked scan backward (reverse walk over chunks).
+#[allow(clippy::too_many_arguments)]
+pub fn scan_bwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    q: &DeviceBuffer<f32>,
+    k: &DeviceBuffer<f32>,
+    proj: &DeviceBuffer<f32>,
+    scalars: ScanScalars<'_>,
+    dskip: &DeviceBuffer<f32>,
+    states: &DeviceBuffer<f32>,
+    dy: &DeviceBuffer<f32>,
+    out: ScanGrads<'_>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    let [dt, adt, lam, qk_raw] = scalars;
+    let hn = sh.per_row(sh.nheads * sh.d_state)?;
+    let rh = sh.per_row(sh.nheads)?;
+    need(gpu, "scan_bwd: q", q, hn)?;
+    need(gpu, "scan_bwd: k", k, hn)?;
+    need(gpu, "scan_bwd: proj", proj, sh.per_row(sh.width)?)?;
+    for (what, buf) in [
+        ("scan_bwd: dt", dt),
+        ("scan_bwd: adt", adt),
+        ("scan_bwd: lam", lam),
+        ("scan_bwd: qk_raw", qk_raw),
+    ] {
+        need(gpu, what, buf, rh)?;
+    }
+    need(gpu, "scan_bwd: D", dskip, sh.nheads)?;
+    need(
+        gpu,
+        "scan_bwd: states",
+        states,
+        sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state,
+    )?;
+    need(gpu, "scan_bwd: dy", dy, sh.per_row(sh.d_inner)?)?;
+    need(gpu, "scan_bwd: dq", out.dq, hn)?;
+    need(gpu, "scan_bwd: dk", out.dk, hn)?;
+    need(gpu, "scan_bwd: dproj", out.dproj, sh.per_row(sh.width)?)?;
+    need(gpu, "scan_bwd: dadt", out.dadt, rh)?;
+    need(gpu, "scan_bwd: dscale", out.dscale, rh)?;
+    need(gpu, "scan_bwd: dqkdot", out.dqkdot, rh)?;
+    need(
+        gpu,
+        "scan_bwd: dD partials",
+        out.dskip_part,
+        sh.batch * sh.nheads,
+    )?;
+    let cfg = scan_launch(gpu, "m3_scan_bwd_f32", sh, scan_bwd_smem(sh))?;
+    let f = gpu.kernel("m3_scan_bwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
+    b.arg(dt.slice()?)
+        .arg(adt.slice()?)
+        .arg(lam.slice()?)
+        .arg(qk_raw.slice()?)
+        .arg(dskip.slice()?);
+    b.arg(states.slice()?).arg(dy.slice()?);
+    b.arg(out.dq.slice_mut()?)
+        .arg(out.dk.slice_mut()?)
+        .arg(out.dproj.slice_mut()?);
+    b.arg(out.dadt.slice_mut()?)
+        .arg(out.dscale.slice_mut()?)
+        .arg(out.dqkdot.slice_mut()?);
+    b.arg(out.dskip_part.slice_mut()?).arg(&d);
+    // SAFETY: block (b, h) reads and writes only its own rows/columns of
+    // buffers whose lengths were all checked against the shape; shared
+    // memory is sized by `scan_bwd_smem` for this shape.
+    unsafe { b.launch(cfg) }.during("launch m3_scan_bwd_f32")?;
+    Ok(())
+}
+
+/// Rotation backward: un-rotates `dq`/`dk` in place (adding the diagonal
+/// term's share) and writes `dphi`.
+#[allow(clippy::too_many_arguments)]
+pub fn rot_bwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    proj: &DeviceBuffer<f32>,
+    rstd: [&DeviceBuffer<f32>; 2],
+    params: BcParams<'_>,
+    fwd: [&DeviceBuffer<f32>; 5],
+    dqkdot: &DeviceBuffer<f32>,
+    dq: &mut DeviceBuffer<f32>,
+    dk: &mut DeviceBuffer<f32>,
+    dphi: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    let [rb, rc] = rstd;
+    let [bn, cn, bb, cb] = params;
+    let [phi, q, k, dt, lam] = fwd;
+    let hn = sh.per_row(sh.nheads * sh.d_state)?;
+    let rh = sh.per_row(sh.nheads)?;
+    let hs = sh.per_row(sh.nheads * sh.angles)?;
+    need(gpu, "rot_bwd: proj", proj, sh.per_row(sh.width)?)?;
+    need(gpu, "rot_bwd: rstd_b", rb, sh.per_row(sh.ngroups)?)?;
+    need(gpu, "rot_bwd: rstd_c", rc, sh.per_row(sh.ngroups)?)?;
+    need(gpu, "rot_bwd: B_norm", bn, sh.d_state)?;
+    need(gpu, "rot_bwd: C_norm", cn, sh.d_state)?;
+    need(gpu, "rot_bwd: B_bias", bb, sh.nheads * sh.d_state)?;
+    need(gpu, "rot_bwd: C_bias", cb, sh.nheads * sh.d_state)?;
+    need(gpu, "rot_bwd: phi", phi, hs)?;
+    need(gpu, "rot_bwd: q", q, hn)?;
+    need(gpu, "rot_bwd: k", k, hn)?;
+    need(gpu, "rot_bwd: dt", dt, rh)?;
+    need(gpu, "rot_bwd: lam", lam, rh)?;
+    need(gpu, "rot_bwd: dqkdot", dqkdot, rh)?;
+    need(gpu, "rot_bwd: dq", dq, hn)?;
+    need(gpu, "rot_bwd: dk", dk, hn)?;
+    need(gpu, "rot_bwd: dphi", dphi, hs)?;
+    let f = gpu.kernel("m3_rot_bwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(proj.slice()?).arg(rb.slice()?).arg(rc.slice()?);
+    b.arg(bn.slice()?)
+        .arg(cn.slice()?)
+        .arg(bb.slice()?)
+        .arg(cb.slice()?)
+        .arg(phi.slice()?);
+    b.arg(q.slice()?)
+        .arg(k.slice()?)
+        .arg(dt.slice()?)
+        .arg(lam.slice()?)
+        .arg(dqkdot.slice()?);
+    b.arg(dq.slice_mut()?)
+        .arg(dk.slice_mut()?)
+        .arg(dphi.slice_mut()?)
+        .arg(&d);
+    // SAFETY: one warp per (row, head) touches that (row, head)'s slices of
+    // buffers whose lengths were all checked; dq/dk are updated in place by
+    // the lane that reads them.
+    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_rot_bwd_f32")?;
+    Ok(())
+}
+
+/// Reverse cumsum of `dphi` over time, in place.
+pub fn angle_bwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    dphi: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    need(
+        gpu,
+        "angle_bwd: dphi",
+        dphi,
+        sh.per_row(sh.nheads * sh.angles)?,
+    )?;
+    let f = gpu.kernel("m3_angle_bwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(dphi.slice_mut()?).arg(&d);
+    // SAFETY: one thread per (b, h, s) walks its column of dphi
+    // [rows x H x S], whose length was checked.
+    unsafe { b.launch(thread_blocks(sh.batch * sh.nheads * sh.angles)?) }
+        .during("launch m3_angle_bwd_f32")?;
+    Ok(())
+}
+
+/// Scalar chain (dt, A, trap) and the angle columns of `dproj`.
+/// `fwd` = `[dt, lam, theta, qk_raw]`, `grads` = `[rphi, dadt, dscale, dqkdot]`.
+pub fn scalar_bwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    proj: &DeviceBuffer<f32>,
+    dt_bias: &DeviceBuffer<f32>,
+    fwd: [&DeviceBuffer<f32>; 4],
+    grads: [&DeviceBuffer<f32>; 4],
+    dproj: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    let [dt, lam, theta, qk_raw] = fwd;
+    let [rphi, dadt, dscale, dqkdot] = grads;
+    let rh = sh.per_row(sh.nheads)?;
+    need(gpu, "scalar_bwd: proj", proj, sh.per_row(sh.width)?)?;
+    need(gpu, "scalar_bwd: dt_bias", dt_bias, sh.nheads)?;
+    for (what, buf) in [
+        ("scalar_bwd: dt", dt),
+        ("scalar_bwd: lam", lam),
+        ("scalar_bwd: qk_raw", qk_raw),
+        ("scalar_bwd: dadt", dadt),
+        ("scalar_bwd: dscale", dscale),
+        ("scalar_bwd: dqkdot", dqkdot),
+    ] {
+        need(gpu, what, buf, rh)?;
+    }
+    need(gpu, "scalar_bwd: theta", theta, sh.per_row(sh.angles)?)?;
+    need(
+        gpu,
+        "scalar_bwd: rphi",
+        rphi,
+        sh.per_row(sh.nheads * sh.angles)?,
+    )?;
+    need(gpu, "scalar_bwd: dproj", dproj, sh.per_row(sh.width)?)?;
+    let f = gpu.kernel("m3_scalar_bwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(proj.slice()?)
+        .arg(dt_bias.slice()?)
+        .arg(dt.slice()?)
+        .arg(lam.slice()?)
+        .arg(theta.slice()?);
+    b.arg(rphi.slice()?)
+        .arg(dadt.slice()?)
+        .arg(dscale.slice()?)
+        .arg(dqkdot.slice()?)
+        .arg(qk_raw.slice()?);
+    b.arg(dproj.slice_mut()?).arg(&d);
+    // SAFETY: one thread per (row, head) reads/writes inside the checked
+    // lengths (its row's dt/A/trap columns of dproj).
+    unsafe { b.launch(thread_blocks(rh)?) }.during("launch m3_scalar_bwd_f32")?;
+
+    let f = gpu.kernel("m3_dtheta_bwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(proj.slice()?)
+        .arg(rphi.slice()?)
+        .arg(dt.slice()?)
+        .arg(dproj.slice_mut()?)
+        .arg(&d);
+    // SAFETY: one thread per (row, angle) reads rphi [rows x H x S], dt
+    // [rows x H] and its proj element, and writes its dproj angle column;
+    // all checked above.
+    unsafe { b.launch(thread_blocks(sh.per_row(sh.angles)?)?) }
+        .during("launch m3_dtheta_bwd_f32")?;
+    Ok(())
+}
+
+/// B/C RMSNorm backward: the B and C columns of `dproj` and the norm
+/// weights' per-(row, group) shares.
+#[allow(clippy::too_many_arguments)]
+pub fn bcnorm_bwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    proj: &DeviceBuffer<f32>,
+    rstd: [&DeviceBuffer<f32>; 2],
+    norms: [&DeviceBuffer<f32>; 2],
+    dkb: &DeviceBuffer<f32>,
+    dqb: &DeviceBuffer<f32>,
+    dproj: &mut DeviceBuffer<f32>,
+    contrib_b: &mut DeviceBuffer<f32>,
+    contrib_c: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    let [rb, rc] = rstd;
+    let [bn, cn] = norms;
+    let hn = sh.per_row(sh.nheads * sh.d_state)?;
+    let gn = sh.per_row(sh.ngroups * sh.d_state)?;
+    need(gpu, "bcnorm_bwd: proj", proj, sh.per_row(sh.width)?)?;
+    need(gpu, "bcnorm_bwd: rstd_b", rb, sh.per_row(sh.ngroups)?)?;
+    need(gpu, "bcnorm_bwd: rstd_c", rc, sh.per_row(sh.ngroups)?)?;
+    need(gpu, "bcnorm_bwd: B_norm", bn, sh.d_state)?;
+    need(gpu, "bcnorm_bwd: C_norm", cn, sh.d_state)?;
+    need(gpu, "bcnorm_bwd: dkb", dkb, hn)?;
+    need(gpu, "bcnorm_bwd: dqb", dqb, hn)?;
+    need(gpu, "bcnorm_bwd: dproj", dproj, sh.per_row(sh.width)?)?;
+    need(gpu, "bcnorm_bwd: contrib_b", contrib_b, gn)?;
+    need(gpu, "bcnorm_bwd: contrib_c", contrib_c, gn)?;
+    let f = gpu.kernel("m3_bcnorm_bwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(proj.slice()?)
+        .arg(rb.slice()?)
+        .arg(rc.slice()?)
+        .arg(bn.slice()?)
+        .arg(cn.slice()?);
+    b.arg(dkb.slice()?)
+        .arg(dqb.slice()?)
+        .arg(dproj.slice_mut()?)
+        .arg(contrib_b.slice_mut()?);
+    b.arg(contrib_c.slice_mut()?).arg(&d);
+    // SAFETY: one warp per (row, group, B|C) touches that row's B or C
+    // columns and its [rows x G x N] contrib slice; all lengths checked.
+    unsafe { b.launch(warp_blocks(sh.rows * sh.ngroups * 2)?) }
+        .during("launch m3_bcnorm_bwd_f32")?;
+    Ok(())
+}
+
+/// Rows each column-sum block folds in pass 1.
+pub const COLSUM_ROWS_PER_SPLIT: usize = 64;
+
+/// Partials a column sum over `rows x cols` needs.
+pub fn colsum_partials(rows: usize, cols: usize) -> usize {
+    rows.div_ceil(COLSUM_ROWS_PER_SPLIT)
+        .max(1)
+        .saturating_mul(cols)
+}
+
+/// `out[c] = sum_r x[r * ld + off + c]` for `c < cols`, deterministically
+/// (fixed split of the rows, fixed order within and across splits).
+#[allow(clippy::too_many_arguments)]
+pub fn colsum(
+    gpu: &Gpu,
+    x: &DeviceBuffer<f32>,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    off: usize,
+    partials: &mut DeviceBuffer<f32>,
+    out: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    if cols == 0 {
+        return Ok(());
+    }
+    if off + cols > ld {
+        return Err(GpuError::BufferTooSmall {
+            what: "colsum: row stride",
+            need: off + cols,
+            have: ld,
+        });
+    }
+    let splits = rows.div_ceil(COLSUM_ROWS_PER_SPLIT).max(1);
+    need(
+        gpu,
+        "colsum: x",
+        x,
+        crate::device::checked_elems("colsum: rows x ld", rows, ld)?,
+    )?;
+    need(
+        gpu,
+        "colsum: partials",
+        partials,
+        colsum_partials(rows, cols),
+    )?;
+    need(gpu, "colsum: out", out, cols)?;
+    let (ru, cu, lu, ou) = (
+        to_u32("rows", rows)?,
+        to_u32("cols", cols)?,
+        to_u32("ld", ld)?,
+        to_u32("off", off)?,
+    );
+    let (per, su) = (
+        to_u32("rows per split", COLSUM_ROWS_PER_SPLIT)?,
+        to_u32("splits", splits)?,
+    );
+    let bx = cu.div_ceil(BLOCK);
+    let f = gpu.kernel("m3_colsum_partials_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(x.slice()?)
+        .arg(&ru)
+        .arg(&cu)
+        .arg(&lu)
+        .arg(&ou)
+        .arg(&per)
+        .arg(partials.slice_mut()?);
+    let cfg = LaunchConfig {
+        grid_dim: (bx, su, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: block (bx, split) reads x[r * ld + off + c] for r < rows and
+    // c < cols (off + cols <= ld, rows * ld checked) and writes
+    // partials[split * cols + c] (splits * cols checked).
+    unsafe { b.launch(cfg) }.during("launch m3_colsum_partials_f32")?;
+    let f = gpu.kernel("m3_colsum_finish_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(partials.slice()?)
+        .arg(&cu)
+        .arg(&su)
+        .arg(out.slice_mut()?);
+    // SAFETY: reads partials[0 .. splits * cols), writes out[0 .. cols); checked.
+    unsafe { b.launch(launch::grid(bx)) }.during("launch m3_colsum_finish_f32")?;
+    Ok(())
+}
+
+/// `gemb[v, :] += sum of dh[i, :]` over positions whose input token is `v`.
+pub fn embed_bwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    tokens: &DeviceBuffer<i32>,
+    dh: &DeviceBuffer<f32>,
+    gemb: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    need(gpu, "embed_bwd: tokens", tokens, sh.batch * (sh.len + 1))?;
+    need(gpu, "embed_bwd: dh", dh, sh.per_row(sh.d_model)?)?;
+    need(gpu, "embed_bwd: grad", gemb, sh.vocab * sh.d_model)?;
+    let (len, width, vocab, rows) = (
+        to_u32("len", sh.len)?,
+        to_u32("d_model", sh.d_model)?,
+        to_u32("vocab", sh.vocab)?,
+        to_u32("rows", sh.rows)?,
+    );
+    let f = gpu.kernel("m3_embed_bwd_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(tokens.slice()?)
+        .arg(dh.slice()?)
+        .arg(gemb.slice_mut()?)
+        .arg(&len)
+        .arg(&width)
+        .arg(&vocab)
+        .arg(&rows);
+    // SAFETY: block v reads tokens [B x (T + 1)] and dh [rows x d_model] and
+    // updates gemb row v (vocab x d_model); all checked.
+    unsafe { b.launch(row_blocks(sh.vocab)?) }.during("launch m3_embed_bwd_f32")?;
+    Ok(())
+}
+
+/// `step += 1` and the step's AdamW scalars, on the device.
+pub fn advance_schedule(
+    gpu: &Gpu,
+    hyper: &DeviceBuffer<f64>,
+    step: &mut DeviceBuffer<i32>,
+    derived: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    need(gpu, "advance_schedule: hyper", hyper, 5)?;
+    need(gpu, "advance_schedule: step", step, 1)?;
+    need(gpu, "advance_schedule: derived", derived, 8)?;
+    let f = gpu.kernel("m3_advance_schedule")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(hyper.slice()?)
+        .arg(step.slice_mut()?)
+        .arg(derived.slice_mut()?);
+    // SAFETY: one thread reads hyper[0..5), updates step[0], writes derived[0..8); checked.
+    unsafe { b.launch(launch::grid(1)) }.during("launch m3_advance_schedule")?;
+    Ok(())
+}
+
+/// One AdamW update of one tensor with the device-side scalars.
+pub fn adamw(
+    gpu: &Gpu,
+    p: &mut DeviceBuffer<f32>,
+    g: &DeviceBuffer<f32>,
+    m: &mut DeviceBuffer<f32>,
+    v: &mut DeviceBuffer<f32>,
+    derived: &DeviceBuffer<f32>,
+    decay: bool,
+) -> Result<(), GpuError> {
+    let n = p.len();
+    need(gpu, "adamw: grad", g, n)?;
+    need(gpu, "adamw: m", m, n)?;
+    need(gpu, "adamw: v", v, n)?;
+    need(gpu, "adamw: scalars", derived, 8)?;
+    gpu.check_owned("adamw: param", p)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (nu, dec) = (to_u32("adamw: n", n)?, u32::from(decay));
+    let f = gpu.kernel("m3_adamw_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(p.slice_mut()?)
+        .arg(g.slice()?)
+        .arg(m.slice_mut()?)
+        .arg(v.slice_mut()?)
+        .arg(derived.slice()?);
+    b.arg(&dec).arg(&nu);
+    // SAFETY: elementwise over [0 .. n) of p, g, m, v (all hold n, checked),
+    // reading derived[0..8) (checked).
+    unsafe { b.launch(thread_blocks(n)?) }.during("launch m3_adamw_f32")?;
+    Ok(())
+}

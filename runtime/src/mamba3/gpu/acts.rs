@@ -1,0 +1,242 @@
+//! Activations the forward pass keeps for the backward pass, and the
+//! backward pass's own working memory, all allocated once per
+//! (batch, seq_len) so the ops never allocate (they run under capture).
+//!
+//! Layouts (row = b * T + t): per-token `[rows, width]`; per-head scalars
+//! `[rows, H]`; queries/keys `[rows, H, N]`; angles `[rows, H, S]`; scan
+//! chunk-entry states `[B, H, nchunks, P, N]`.
+
+use crate::DevicePtrs;
+use crate::device::{DeviceBuffer, Gpu, GpuError};
+use crate::kernels::mamba3::Mamba3Shape;
+use crate::kernels::mamba3_bwd::colsum_partials;
+use crate::mamba3::Mamba3Config;
+
+use super::Mamba3GpuError;
+
+fn buf(gpu: &Gpu, n: Result<usize, GpuError>) -> Result<DeviceBuffer<f32>, Mamba3GpuError> {
+    Ok(gpu.alloc_zeros::<f32>(n?)?)
+}
+
+/// Checks the config and a non-empty window, and returns the shape.
+pub(crate) fn shape_of(
+    cfg: &Mamba3Config,
+    batch: usize,
+    seq_len: usize,
+) -> Result<Mamba3Shape, Mamba3GpuError> {
+    cfg.validate()?;
+    if batch == 0 || seq_len == 0 {
+        return Err(Mamba3GpuError::Shape {
+            what: "batch and seq_len must be at least 1; batch * seq_len",
+            expected: 1,
+            found: 0,
+        });
+    }
+    Ok(Mamba3Shape::new(cfg, batch, seq_len))
+}
+
+/// One block's forward activations.
+#[derive(Debug, DevicePtrs)]
+pub struct LayerActs {
+    /// Residual stream entering the block `[rows, d_model]`.
+    pub h_in: DeviceBuffer<f32>,
+    /// Reciprocal RMS of the pre-norm `[rows]`.
+    pub rstd: DeviceBuffer<f32>,
+    /// Mixer input (pre-normed residual) `[rows, d_model]`.
+    pub u: DeviceBuffer<f32>,
+    /// `in_proj` output `[rows, E]`.
+    pub proj: DeviceBuffer<f32>,
+    /// Reciprocal RMS of each B group `[rows, G]`.
+    pub rstd_b: DeviceBuffer<f32>,
+    /// Reciprocal RMS of each C group `[rows, G]`.
+    pub rstd_c: DeviceBuffer<f32>,
+    /// `pi tanh(angles)` `[rows, S]`.
+    pub theta: DeviceBuffer<f32>,
+    /// `dt` `[rows, H]`.
+    pub dt: DeviceBuffer<f32>,
+    /// `A dt` `[rows, H]`.
+    pub adt: DeviceBuffer<f32>,
+    /// `sigmoid(trap)` `[rows, H]`.
+    pub lam: DeviceBuffer<f32>,
+    /// Wrapped cumulative angles `[rows, H, S]`.
+    pub phi: DeviceBuffer<f32>,
+    /// Rotated queries `[rows, H, N]`.
+    pub q: DeviceBuffer<f32>,
+    /// Rotated keys `[rows, H, N]`.
+    pub k: DeviceBuffer<f32>,
+    /// Unrotated `Ĉ · B̂` `[rows, H]`.
+    pub qk_raw: DeviceBuffer<f32>,
+    /// Scan state entering each chunk `[B, H, nchunks, P, N]`.
+    pub states: DeviceBuffer<f32>,
+    /// Scan output before the gate `[rows, d_inner]`.
+    pub y: DeviceBuffer<f32>,
+    /// Per-head reciprocal RMS of y `[rows, H]` (written with `is_outproj_norm`).
+    pub gate_rstd: DeviceBuffer<f32>,
+    /// Gated output fed to `out_proj` `[rows, d_inner]`.
+    pub o: DeviceBuffer<f32>,
+}
+
+impl LayerActs {
+    fn new(gpu: &Gpu, sh: &Mamba3Shape) -> Result<Self, Mamba3GpuError> {
+        let states = sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state;
+        Ok(Self {
+            h_in: buf(gpu, sh.per_row(sh.d_model))?,
+            rstd: buf(gpu, Ok(sh.rows))?,
+            u: buf(gpu, sh.per_row(sh.d_model))?,
+            proj: buf(gpu, sh.per_row(sh.width))?,
+            rstd_b: buf(gpu, sh.per_row(sh.ngroups))?,
+            rstd_c: buf(gpu, sh.per_row(sh.ngroups))?,
+            theta: buf(gpu, sh.per_row(sh.angles))?,
+            dt: buf(gpu, sh.per_row(sh.nheads))?,
+            adt: buf(gpu, sh.per_row(sh.nheads))?,
+            lam: buf(gpu, sh.per_row(sh.nheads))?,
+            phi: buf(gpu, sh.per_row(sh.nheads * sh.angles))?,
+            q: buf(gpu, sh.per_row(sh.nheads * sh.d_state))?,
+            k: buf(gpu, sh.per_row(sh.nheads * sh.d_state))?,
+            qk_raw: buf(gpu, sh.per_row(sh.nheads))?,
+            states: buf(gpu, Ok(states))?,
+            y: buf(gpu, sh.per_row(sh.d_inner))?,
+            gate_rstd: buf(gpu, sh.per_row(sh.nheads))?,
+            o: buf(gpu, sh.per_row(sh.d_inner))?,
+        })
+    }
+}
+
+/// Everything the forward pass keeps, for one (batch, seq_len).
+#[derive(Debug, DevicePtrs)]
+pub struct Acts {
+    /// The shape every buffer is sized for.
+    #[ptrs(skip)]
+    pub shape: Mamba3Shape,
+    /// One entry per block.
+    pub layers: Vec<LayerActs>,
+    /// Residual stream after the last block `[rows, d_model]`.
+    pub h_final: DeviceBuffer<f32>,
+    /// Reciprocal RMS of `norm_f` `[rows]`.
+    pub rstd_f: DeviceBuffer<f32>,
+    /// `norm_f` output `[rows, d_model]`.
+    pub normed: DeviceBuffer<f32>,
+    /// Logits `[rows, V]` (padded vocabulary).
+    pub logits: DeviceBuffer<f32>,
+    /// Per-row log-sum-exp `[rows]`.
+    pub lse: DeviceBuffer<f32>,
+    /// Per-row cross-entropy `[rows]`.
+    pub row_loss: DeviceBuffer<f32>,
+}
+
+impl Acts {
+    /// Activations for `batch x seq_len` windows of a model with config `cfg`.
+    pub fn new(
+        gpu: &Gpu,
+        cfg: &Mamba3Config,
+        batch: usize,
+        seq_len: usize,
+    ) -> Result<Self, Mamba3GpuError> {
+        let sh = shape_of(cfg, batch, seq_len)?;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for _ in 0..cfg.n_layer {
+            layers.push(LayerActs::new(gpu, &sh)?);
+        }
+        Ok(Self {
+            shape: sh,
+            layers,
+            h_final: buf(gpu, sh.per_row(sh.d_model))?,
+            rstd_f: buf(gpu, Ok(sh.rows))?,
+            normed: buf(gpu, sh.per_row(sh.d_model))?,
+            logits: buf(gpu, sh.per_row(sh.vocab))?,
+            lse: buf(gpu, Ok(sh.rows))?,
+            row_loss: buf(gpu, Ok(sh.rows))?,
+        })
+    }
+
+    /// `(batch, seq_len)` these activations are sized for.
+    pub fn batch_len(&self) -> (usize, usize) {
+        (self.shape.batch, self.shape.len)
+    }
+}
+
+/// Intermediate gradients of the backward pass (reused by every layer).
+#[derive(Debug, DevicePtrs)]
+pub struct BackwardWork {
+    /// The shape every buffer is sized for.
+    #[ptrs(skip)]
+    pub shape: Mamba3Shape,
+    /// dL/d residual stream `[rows, d_model]`.
+    pub dh: DeviceBuffer<f32>,
+    /// dL/d (normed input): `norm_f` output, then each mixer input `[rows, d_model]`.
+    pub dnorm: DeviceBuffer<f32>,
+    /// dL/d logits `[rows, V]`.
+    pub dlogits: DeviceBuffer<f32>,
+    /// dL/d gated output `[rows, d_inner]`.
+    pub d_o: DeviceBuffer<f32>,
+    /// dL/d scan output `[rows, d_inner]`.
+    pub dy: DeviceBuffer<f32>,
+    /// dL/d in_proj output `[rows, E]`.
+    pub dproj: DeviceBuffer<f32>,
+    /// dL/dq, then dL/d(biased query) `[rows, H, N]`.
+    pub dq: DeviceBuffer<f32>,
+    /// dL/dk, then dL/d(biased key) `[rows, H, N]`.
+    pub dk: DeviceBuffer<f32>,
+    /// dL/d(A dt) `[rows, H]`.
+    pub dadt: DeviceBuffer<f32>,
+    /// dL/d scale `[rows, H]`.
+    pub dscale: DeviceBuffer<f32>,
+    /// dL/d(D + gamma q̂·k̂) `[rows, H]`.
+    pub dqkdot: DeviceBuffer<f32>,
+    /// dL/dphi, then its reverse cumsum `[rows, H, S]`.
+    pub dphi: DeviceBuffer<f32>,
+    /// dL/dD per (batch row, head) `[B, H]`.
+    pub dskip_part: DeviceBuffer<f32>,
+    /// Per-row weight-gradient shares `[rows, max(d_model, d_inner, G N)]`.
+    pub contrib: DeviceBuffer<f32>,
+    /// Per-row C-norm weight shares `[rows, G N]`.
+    pub contrib_c: DeviceBuffer<f32>,
+    /// Column-sum partials.
+    pub partials: DeviceBuffer<f32>,
+}
+
+impl BackwardWork {
+    /// Working memory for `batch x seq_len` windows.
+    pub fn new(
+        gpu: &Gpu,
+        cfg: &Mamba3Config,
+        batch: usize,
+        seq_len: usize,
+    ) -> Result<Self, Mamba3GpuError> {
+        let sh = shape_of(cfg, batch, seq_len)?;
+        let gn = sh.ngroups * sh.d_state;
+        let widest = sh.d_model.max(sh.d_inner).max(gn);
+        let hn = sh.nheads * sh.d_state;
+        // The largest column sum: rows (or rows * G) by the widest column set.
+        let partials = [
+            colsum_partials(sh.rows, sh.d_model),
+            colsum_partials(sh.rows, sh.d_inner),
+            colsum_partials(sh.rows, hn),
+            colsum_partials(sh.rows, sh.nheads),
+            colsum_partials(sh.rows * sh.ngroups, sh.d_state),
+            colsum_partials(sh.batch, sh.nheads),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+        Ok(Self {
+            shape: sh,
+            dh: buf(gpu, sh.per_row(sh.d_model))?,
+            dnorm: buf(gpu, sh.per_row(sh.d_model))?,
+            dlogits: buf(gpu, sh.per_row(sh.vocab))?,
+            d_o: buf(gpu, sh.per_row(sh.d_inner))?,
+            dy: buf(gpu, sh.per_row(sh.d_inner))?,
+            dproj: buf(gpu, sh.per_row(sh.width))?,
+            dq: buf(gpu, sh.per_row(hn))?,
+            dk: buf(gpu, sh.per_row(hn))?,
+            dadt: buf(gpu, sh.per_row(sh.nheads))?,
+            dscale: buf(gpu, sh.per_row(sh.nheads))?,
+            dqkdot: buf(gpu, sh.per_row(sh.nheads))?,
+            dphi: buf(gpu, sh.per_row(sh.nheads * sh.angles))?,
+            dskip_part: buf(gpu, Ok(sh.batch * sh.nheads))?,
+            contrib: buf(gpu, sh.per_row(widest))?,
+            contrib_c: buf(gpu, sh.per_row(gn))?,
+            partials: buf(gpu, Ok(partials))?,
+        })
+    }
+}

@@ -1,0 +1,192 @@
+//! The forward op (tokens -> loss, keeping activations) and `zero_grads`.
+
+use crate::device::{DeviceBuffer, Gemm, Gpu};
+use crate::kernels::mamba3 as k;
+
+use super::acts::{Acts, LayerActs};
+use super::weights::{Grads, LayerWeights, Weights};
+use super::{Mamba3GpuError, same};
+
+/// Zeroes every parameter gradient (memset nodes under capture).
+pub fn zero_grads(gpu: &Gpu, grads: &mut Grads) -> Result<(), Mamba3GpuError> {
+    for g in grads.params.tensors_mut() {
+        gpu.zero(g)?;
+    }
+    Ok(())
+}
+
+/// Checks that weights, tokens and activations describe the same step.
+pub(crate) fn check_step(
+    w: &Weights,
+    tokens: &DeviceBuffer<i32>,
+    acts: &Acts,
+) -> Result<(), Mamba3GpuError> {
+    let sh = &acts.shape;
+    let expect = super::acts::shape_of(&w.cfg, sh.batch, sh.len)?;
+    if expect != *sh {
+        return Err(Mamba3GpuError::Shape {
+            what: "activations built for another config (d_inner)",
+            expected: expect.d_inner,
+            found: sh.d_inner,
+        });
+    }
+    same(
+        "activation layers vs weight layers",
+        w.layers.len(),
+        acts.layers.len(),
+    )?;
+    same(
+        "tokens (batch * (seq_len + 1))",
+        sh.batch * (sh.len + 1),
+        tokens.len(),
+    )?;
+    Ok(())
+}
+
+/// Forward pass over one `[batch, seq_len + 1]` token window from a zero
+/// state: fills `acts` and writes the mean next-token cross-entropy to
+/// `loss[0]`.
+pub fn forward(
+    gpu: &Gpu,
+    w: &Weights,
+    tokens: &DeviceBuffer<i32>,
+    acts: &mut Acts,
+    loss: &mut DeviceBuffer<f32>,
+) -> Result<(), Mamba3GpuError> {
+    check_step(w, tokens, acts)?;
+    let sh = acts.shape;
+    let Some(first) = acts.layers.first_mut() else {
+        k::embed_fwd(gpu, &sh, tokens, &w.embedding, &mut acts.h_final)?;
+        return head_and_loss(gpu, w, tokens, acts, loss);
+    };
+    k::embed_fwd(gpu, &sh, tokens, &w.embedding, &mut first.h_in)?;
+    let nl = acts.layers.len();
+    for l in 0..nl {
+        let (cur, rest) = acts.layers.split_at_mut(l + 1);
+        let la = &mut cur[l];
+        let next = match rest.first_mut() {
+            Some(n) => &mut n.h_in,
+            None => &mut acts.h_final,
+        };
+        mixer_forward(gpu, &sh, &w.layers[l], la, next)?;
+    }
+    head_and_loss(gpu, w, tokens, acts, loss)
+}
+
+/// One block: `h_next = h_in + out_proj(mixer(norm(h_in)))`.
+fn mixer_forward(
+    gpu: &Gpu,
+    sh: &k::Mamba3Shape,
+    lw: &LayerWeights,
+    la: &mut LayerActs,
+    h_next: &mut DeviceBuffer<f32>,
+) -> Result<(), Mamba3GpuError> {
+    let (rows, dm) = (sh.rows, sh.d_model);
+    k::rmsnorm_fwd(
+        gpu,
+        rows,
+        dm,
+        sh.eps,
+        &la.h_in,
+        &lw.norm,
+        &mut la.u,
+        &mut la.rstd,
+    )?;
+    gpu.gemm_f32(
+        &Gemm::new(rows, sh.width, dm).trans_b(),
+        &la.u,
+        &lw.in_proj,
+        &mut la.proj,
+    )?;
+    k::prep(
+        gpu,
+        sh,
+        &la.proj,
+        &lw.dt_bias,
+        &mut la.rstd_b,
+        &mut la.rstd_c,
+        &mut la.theta,
+        &mut la.dt,
+        &mut la.adt,
+        &mut la.lam,
+    )?;
+    k::angle_fwd(gpu, sh, &la.dt, &la.theta, &mut la.phi)?;
+    k::qk_fwd(
+        gpu,
+        sh,
+        &la.proj,
+        &la.rstd_b,
+        &la.rstd_c,
+        [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
+        &la.phi,
+        &mut la.q,
+        &mut la.k,
+        &mut la.qk_raw,
+    )?;
+    k::scan_fwd(
+        gpu,
+        sh,
+        &la.q,
+        &la.k,
+        &la.proj,
+        [&la.dt, &la.adt, &la.lam, &la.qk_raw],
+        &lw.d,
+        &mut la.y,
+        &mut la.states,
+    )?;
+    k::gate_fwd(
+        gpu,
+        sh,
+        &la.y,
+        &la.proj,
+        lw.out_norm.as_ref(),
+        &mut la.o,
+        &mut la.gate_rstd,
+    )?;
+    // Residual: h_next = h_in, then h_next += o W_out^T (beta = 1).
+    gpu.copy_device(&la.h_in, h_next)?;
+    gpu.gemm_f32(
+        &Gemm::new(rows, dm, sh.d_inner).trans_b().scaled(1.0, 1.0),
+        &la.o,
+        &lw.out_proj,
+        h_next,
+    )?;
+    Ok(())
+}
+
+/// `norm_f`, the LM head and the mean cross-entropy.
+fn head_and_loss(
+    gpu: &Gpu,
+    w: &Weights,
+    tokens: &DeviceBuffer<i32>,
+    acts: &mut Acts,
+    loss: &mut DeviceBuffer<f32>,
+) -> Result<(), Mamba3GpuError> {
+    let sh = acts.shape;
+    k::rmsnorm_fwd(
+        gpu,
+        sh.rows,
+        sh.d_model,
+        sh.eps,
+        &acts.h_final,
+        &w.norm_f,
+        &mut acts.normed,
+        &mut acts.rstd_f,
+    )?;
+    gpu.gemm_f32(
+        &Gemm::new(sh.rows, sh.vocab, sh.d_model).trans_b(),
+        &acts.normed,
+        w.head(),
+        &mut acts.logits,
+    )?;
+    k::ce_fwd(
+        gpu,
+        &sh,
+        &acts.logits,
+        tokens,
+        &mut acts.lse,
+        &mut acts.row_loss,
+    )?;
+    k::mean(gpu, &acts.row_loss, sh.rows, loss)?;
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! The Mamba-3 SISO language model on the GPU, in f32: device-resident
+//! weights, gradients and activations, and the ops of the training step
+//! (`specs/mamba3_f32.ron`).
+//!
+//! The math is the CPU oracle's ([`crate::mamba3::cpu`]), with the scan in
+//! its chunked form (reference §2.3): one thread block per (batch row, head)
+//! walks the chunks, carrying the state; the backward pass walks them in
+//! reverse from the chunk-entry states the forward pass kept. The projections
+//! and the LM head are cuBLAS f32 GEMMs (IEEE, no TF32). Every reduction that
+//! feeds a gradient runs in a fixed order (per-row contributions, then a
+//! two-pass column sum), so two runs, and eager vs replayed, are
+//! bit-identical.
+//!
+//! Ops ([`zero_grads`], [`forward`], [`backward`]) take the context first and
+//! the step buffers in spec order; they allocate nothing, copy nothing to or
+//! from the host and never synchronize, so they run unchanged under a graph
+//! capture ([`F32Step`] derives the capture/replay code from the spec) and
+//! eagerly (`F32Step::run_eager`).
+//!
+//! A training window always starts from a zero state (no carry across
+//! windows), as the step spec describes; the CPU oracle's `forward(.., None, ..)`.
+
+mod acts;
+mod backward;
+mod forward;
+mod step;
+mod weights;
+
+pub use acts::{Acts, BackwardWork, LayerActs};
+pub use backward::backward;
+pub use forward::{forward, zero_grads};
+pub use step::{F32Step, Mamba3F32Capture, Mamba3F32Graph, Mamba3F32Replay};
+pub use weights::{Grads, LayerWeights, Weights};
+
+use thiserror::Error;
+
+use crate::device::GpuError;
+use crate::graph::{CaptureViolation, OpError};
+use crate::mamba3::ConfigError;
+
+/// What a GPU Mamba-3 op or constructor can fail with.
+#[derive(Debug, Error)]
+pub enum Mamba3GpuError {
+    /// A device call or kernel launch failed (or was refused in a capture).
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Two buffers of one step disagree about a size.
+    #[error("{what}: expected {expected}, found {found}")]
+    Shape {
+        /// What disagrees.
+        what: &'static str,
+        /// The size the step was built for.
+        expected: usize,
+        /// The size found.
+        found: usize,
+    },
+    /// Weights from the CPU model that do not fit the configuration.
+    #[error("weights do not fit the configuration: {0}")]
+    Weights(#[from] crate::mamba3::cpu::ModelError),
+}
+
+impl OpError for Mamba3GpuError {
+    fn capture_violation(&self) -> Option<&CaptureViolation> {
+        match self {
+            Self::Gpu(e) => e.capture_violation(),
+            _ => None,
+        }
+    }
+}
+
+/// Fails unless `found == expected`, naming `what`.
+pub(crate) fn same(
+    what: &'static str,
+    expected: usize,
+    found: usize,
+) -> Result<(), Mamba3GpuError> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(Mamba3GpuError::Shape {
+            what,
+            expected,
+            found,
+        })
+    }
+}

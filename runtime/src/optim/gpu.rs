@@ -1,0 +1,134 @@
+//! AdamW on the device, with torch semantics identical to the CPU
+//! [`AdamW`](super::AdamW): decoupled decay before the update, decay only
+//! where the [`DecayPolicy`] says (2-D matrices by default), bias corrections
+//! in f64.
+//!
+//! Nothing a user may change is baked into a captured graph by value: the
+//! hyper-parameters live in a device buffer the host rewrites between
+//! replays ([`StepScalars::set_lr`], [`StepScalars::set_config`]), and
+//! [`advance_schedule`] increments the step count and computes the step's
+//! bias corrections on the device, so a replayed graph keeps counting.
+
+use crate::DevicePtrs;
+use crate::device::{DeviceBuffer, Gpu, GpuError};
+use crate::kernels::mamba3_bwd as kb;
+use crate::mamba3::Mamba3Config;
+use crate::mamba3::cpu::param_specs;
+use crate::mamba3::gpu::{Grads, Mamba3GpuError, Weights};
+
+use super::{AdamWConfig, DecayPolicy};
+
+/// First and second moments, one pair per parameter tensor.
+#[derive(Debug, DevicePtrs)]
+pub struct AdamWState {
+    /// First moments.
+    pub m: Weights,
+    /// Second moments.
+    pub v: Weights,
+    /// Whether each tensor (in `param_specs` order) decays.
+    #[ptrs(skip)]
+    pub decay: Vec<bool>,
+}
+
+impl AdamWState {
+    /// Zero moments for a model with config `cfg`.
+    pub fn new(
+        gpu: &Gpu,
+        cfg: &Mamba3Config,
+        policy: &DecayPolicy,
+    ) -> Result<Self, Mamba3GpuError> {
+        Ok(Self {
+            m: Weights::zeros(gpu, cfg)?,
+            v: Weights::zeros(gpu, cfg)?,
+            decay: param_specs(cfg).iter().map(|s| policy.decays(s)).collect(),
+        })
+    }
+}
+
+/// The per-step scalars on the device (layout in `kernels/mamba3_adamw.cu`).
+#[derive(Debug, DevicePtrs)]
+pub struct StepScalars {
+    /// `[lr, beta1, beta2, eps, weight_decay]`, written by the host.
+    pub hyper: DeviceBuffer<f64>,
+    /// Updates taken so far.
+    pub step: DeviceBuffer<i32>,
+    /// This step's scalars, written by [`advance_schedule`].
+    pub derived: DeviceBuffer<f32>,
+}
+
+fn hyper_of(c: &AdamWConfig) -> [f64; 5] {
+    [c.lr, c.beta1, c.beta2, c.eps, c.weight_decay]
+}
+
+impl StepScalars {
+    /// Scalars for `config`, at step 0.
+    pub fn new(gpu: &Gpu, config: &AdamWConfig) -> Result<Self, GpuError> {
+        Ok(Self {
+            hyper: gpu.to_device(&hyper_of(config))?,
+            step: gpu.alloc_zeros::<i32>(1)?,
+            derived: gpu.alloc_zeros::<f32>(8)?,
+        })
+    }
+
+    /// Rewrites every hyper-parameter (between replays, never in a capture).
+    pub fn set_config(&mut self, gpu: &Gpu, config: &AdamWConfig) -> Result<(), GpuError> {
+        gpu.copy_from_host(&hyper_of(config), &mut self.hyper)
+    }
+
+    /// Rewrites the learning rate only (e.g. from a host-side schedule).
+    pub fn set_lr(&mut self, gpu: &Gpu, lr: f64) -> Result<(), GpuError> {
+        let mut h = gpu.to_host(&self.hyper)?;
+        if let Some(first) = h.first_mut() {
+            *first = lr;
+        }
+        gpu.copy_from_host(&h, &mut self.hyper)
+    }
+
+    /// Updates taken so far (synchronizes).
+    pub fn steps(&self, gpu: &Gpu) -> Result<u64, GpuError> {
+        let s = gpu.to_host(&self.step)?;
+        Ok(s.first().and_then(|&v| u64::try_from(v).ok()).unwrap_or(0))
+    }
+}
+
+/// `step += 1` and this step's bias corrections, on the device.
+pub fn advance_schedule(gpu: &Gpu, sched: &mut StepScalars) -> Result<(), GpuError> {
+    kb::advance_schedule(gpu, &sched.hyper, &mut sched.step, &mut sched.derived)
+}
+
+/// One AdamW update of every parameter with the device-side scalars.
+pub fn adamw_step(
+    gpu: &Gpu,
+    grads: &Grads,
+    sched: &StepScalars,
+    weights: &mut Weights,
+    adam: &mut AdamWState,
+) -> Result<(), Mamba3GpuError> {
+    let gs = grads.params.tensors();
+    let mut ps = weights.tensors_mut();
+    let mut ms = adam.m.tensors_mut();
+    let mut vs = adam.v.tensors_mut();
+    let n = gs.len();
+    for (what, found) in [
+        ("weights", ps.len()),
+        ("first moments", ms.len()),
+        ("second moments", vs.len()),
+        ("decay flags", adam.decay.len()),
+    ] {
+        if found != n {
+            return Err(Mamba3GpuError::Shape {
+                what,
+                expected: n,
+                found,
+            });
+        }
+    }
+    for (i, g) in gs.into_iter().enumerate() {
+        let decay = adam.decay.get(i).copied().unwrap_or(false);
+        let (Some(p), Some(m), Some(v)) = (ps.get_mut(i), ms.get_mut(i), vs.get_mut(i)) else {
+            continue;
+        };
+        kb::adamw(gpu, p, g, m, v, &sched.derived, decay)?;
+    }
+    Ok(())
+}
