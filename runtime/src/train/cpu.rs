@@ -368,3 +368,136 @@ impl TrainEngine for CpuEngine {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::optim::{AdamW, AdamWConfig, DecayPolicy};
+    use crate::train::data::{DataSpec, Dataset, Task};
+
+    fn tiny() -> Mamba3Config {
+        Mamba3Config {
+            vocab_size: Task::Parity.vocab_size(),
+            n_layer: 1,
+            ..Mamba3Config::tiny()
+        }
+    }
+
+    fn settings(clip: Option<f64>) -> OptimSettings {
+        OptimSettings {
+            adam: AdamWConfig {
+                lr: 1e-2,
+                weight_decay: 0.1,
+                ..AdamWConfig::default()
+            },
+            decay: DecayPolicy::MatricesOnly,
+            clip,
+        }
+    }
+
+    fn bits(w: &Weights<f32>) -> Vec<u32> {
+        w.tensors()
+            .iter()
+            .flat_map(|t| t.iter().map(|v| v.to_bits()))
+            .collect()
+    }
+
+    #[test]
+    fn host_adamw_equals_optim_adamw_bit_for_bit() {
+        let cfg = tiny();
+        let w = Weights::<f32>::init(&cfg, 3).unwrap();
+        let mut engine = CpuEngine::new(cfg.clone(), w.clone(), settings(None)).unwrap();
+        let mut reference =
+            AdamW::<f32>::for_model(&cfg, settings(None).adam, &DecayPolicy::MatricesOnly);
+        let mut ref_w = w;
+        for (k, lr) in [1e-2, 5e-3, 2e-3].into_iter().enumerate() {
+            // Deterministic, non-trivial gradients of every tensor.
+            let mut g = Weights::<f32>::zeros(&cfg);
+            for (i, t) in g.tensors_mut().into_iter().enumerate() {
+                for (j, v) in t.iter_mut().enumerate() {
+                    *v = ((i * 31 + j * 7 + k) % 13) as f32 * 0.01 - 0.06;
+                }
+            }
+            engine.adamw(&g, lr);
+            reference.config.lr = lr;
+            reference.step_weights(&mut ref_w, &g).unwrap();
+        }
+        assert_eq!(bits(engine.weights()), bits(&ref_w));
+        for (i, (m, v)) in engine.moments.iter().enumerate() {
+            let (rm, rv) = reference.moments(i).unwrap();
+            assert!(m.iter().zip(rm).all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(v.iter().zip(rv).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+
+    fn parity_batch(rows: usize) -> Batch {
+        let spec = DataSpec::Task {
+            task: Task::Parity,
+            train_len: 6,
+            eval_lens: vec![],
+        };
+        Dataset::new(&spec, 0, rows).unwrap().next_batch(rows)
+    }
+
+    #[test]
+    fn non_finite_gradients_skip_the_update_and_are_counted() {
+        let cfg = tiny();
+        let mut w = Weights::<f32>::init(&cfg, 1).unwrap();
+        w.norm_f[0] = f32::NAN;
+        let mut engine = CpuEngine::new(cfg, w, settings(Some(1.0))).unwrap();
+        let before = engine.export_state().unwrap();
+        let batch = parity_batch(4);
+        for k in 1..=2 {
+            engine.load_batch(&batch).unwrap();
+            engine.step().unwrap();
+            let m = engine.metrics().unwrap();
+            assert!(m.skipped && !m.grad_norm.is_finite());
+            assert_eq!((m.step, m.skipped_total), (k, k));
+        }
+        let after = engine.export_state().unwrap();
+        assert_eq!(
+            bits(&after.weights),
+            bits(&before.weights),
+            "no update applied"
+        );
+        assert_eq!(after.adam_steps, 0);
+        assert_eq!((after.steps, after.skipped), (2, 2));
+        assert_eq!(after.moments, before.moments);
+    }
+
+    #[test]
+    fn masked_loss_counts_only_answer_positions() {
+        let cfg = tiny();
+        let w = Weights::<f32>::init(&cfg, 2).unwrap();
+        let mut engine = CpuEngine::new(cfg, w, settings(None)).unwrap();
+        let batch = parity_batch(6);
+        let eval = engine.eval(&batch).unwrap();
+        let (mut sum, mut n) = (0.0, 0);
+        for (i, &l) in eval.token_loss.iter().enumerate() {
+            if batch.scored(i) {
+                sum += f64::from(l);
+                n += 1;
+            }
+        }
+        assert_eq!(n, 6, "one answer per parity row");
+        engine.load_batch(&batch).unwrap();
+        engine.step().unwrap();
+        let m = engine.metrics().unwrap();
+        assert!(
+            (m.loss - sum / 6.0).abs() < 1e-5,
+            "{} vs {}",
+            m.loss,
+            sum / 6.0
+        );
+    }
+
+    #[test]
+    fn chunking_covers_every_row_once() {
+        for rows in [1, 2, 3, 4, 5, 17] {
+            let b = chunk_bounds(rows);
+            assert_eq!(b[0].0, 0);
+            assert_eq!(b.last().unwrap().1, rows);
+            assert!(b.windows(2).all(|w| w[0].1 == w[1].0 && w[0].0 < w[0].1));
+        }
+    }
+}

@@ -254,7 +254,9 @@ impl std::str::FromStr for Task {
     }
 }
 
-/// Whether an instance belongs to the eval split (FNV-1a of its tokens).
+/// Whether an instance belongs to the eval split (FNV-1a of its tokens, then
+/// a murmur3 finalizer: FNV's low bits depend only on the inputs' low bits,
+/// which for 2-symbol tasks would leave some buckets unreachable).
 pub fn is_eval_instance(tokens: &[u32]) -> bool {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &t in tokens {
@@ -263,5 +265,10 @@ pub fn is_eval_instance(tokens: &[u32]) -> bool {
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
         }
     }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
     h.is_multiple_of(EVAL_BUCKETS)
 }

@@ -1,0 +1,227 @@
+//! `stepgraph train` from the outside: a tiny run's files and summary, and
+//! one clear line with exit code 1 (2 for usage errors) for each failure.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn stepgraph(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stepgraph"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run stepgraph")
+}
+
+/// Flags of a model and job small enough for a debug build, as (flag, value).
+const TINY: &[(&str, &str)] = &[
+    ("--d-model", "8"),
+    ("--d-state", "8"),
+    ("--headdim", "4"),
+    ("--batch", "4"),
+    ("--train-len", "4"),
+    ("--eval-lens", "4,8"),
+    ("--steps", "6"),
+    ("--eval-every", "3"),
+    ("--progress", "plain"),
+];
+
+/// `train` with the tiny flags, those named in `extra` replaced by its values.
+fn tiny(extra: &[&str], cwd: &Path) -> Output {
+    let mut args = vec!["train"];
+    for &(flag, value) in TINY {
+        if !extra.contains(&flag) {
+            args.extend([flag, value]);
+        }
+    }
+    args.extend(extra);
+    stepgraph(&args, cwd)
+}
+
+fn one_error_line(out: &Output, code: i32, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line, got: {stderr}");
+    assert!(lines[0].starts_with("error"), "{stderr}");
+    assert!(lines[0].contains(needle), "`{needle}` not in: {stderr}");
+}
+
+#[test]
+fn a_tiny_run_writes_metrics_plot_and_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tiny(&["--run-dir", "r"], dir.path());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("notice: no GPU training engine"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("eval @ 3  len 4: loss"), "{stdout}");
+    assert!(stdout.contains("done: step 6/6"), "{stdout}");
+    assert!(
+        stderr.contains("step 6/6  loss"),
+        "plain progress lines off a terminal: {stderr}"
+    );
+    let run = dir.path().join("r");
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(
+        metrics
+            .lines()
+            .filter(|l| l.contains("\"kind\":\"train\""))
+            .count(),
+        6
+    );
+    assert_eq!(
+        metrics
+            .lines()
+            .filter(|l| l.contains("\"kind\":\"eval\""))
+            .count(),
+        4
+    );
+    let svg = std::fs::read_to_string(run.join("plot.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
+    let ckpt = run.join("checkpoints/step-00000006");
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "train_state.json",
+    ] {
+        assert!(ckpt.join(f).is_file(), "{f}");
+    }
+}
+
+#[test]
+fn default_run_dir_is_under_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tiny(&["--steps", "1", "--progress", "quiet"], dir.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs: Vec<_> = std::fs::read_dir(dir.path().join("runs"))
+        .unwrap()
+        .collect();
+    assert_eq!(runs.len(), 1);
+}
+
+#[test]
+fn cuda_without_a_gpu_engine_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    one_error_line(&tiny(&["--device", "cuda"], dir.path()), 1, "--device cuda");
+}
+
+#[test]
+fn bf16_on_the_cpu_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    one_error_line(
+        &tiny(&["--precision", "bf16"], dir.path()),
+        1,
+        "bf16 needs a GPU",
+    );
+}
+
+#[test]
+fn an_unreadable_data_file_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    one_error_line(
+        &tiny(&["--data", "missing.txt"], dir.path()),
+        1,
+        "cannot read data file missing.txt",
+    );
+}
+
+#[test]
+fn a_token_beyond_the_vocab_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<u8> = (0..100u32).flat_map(|i| (i % 7).to_le_bytes()).collect();
+    std::fs::write(dir.path().join("tok.u32"), ids).unwrap();
+    let args = [
+        "--data",
+        "tok.u32",
+        "--data-format",
+        "u32",
+        "--vocab-size",
+        "5",
+        "--seq-len",
+        "4",
+    ];
+    one_error_line(
+        &tiny(&args, dir.path()),
+        1,
+        "token 5 has id 5, beyond the vocabulary",
+    );
+    let ok = tiny(
+        &[
+            "--data",
+            "tok.u32",
+            "--data-format",
+            "u32",
+            "--vocab-size",
+            "7",
+            "--seq-len",
+            "4",
+        ],
+        dir.path(),
+    );
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}
+
+#[test]
+fn a_checkpoint_from_another_config_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        tiny(&["--run-dir", "r", "--steps", "2"], dir.path())
+            .status
+            .success()
+    );
+    let out = tiny(&["--resume", "r", "--d-model", "16"], dir.path());
+    one_error_line(
+        &out,
+        1,
+        "another configuration: d_model is 8 there, 16 here",
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    one_error_line(&tiny(&["--batch", "0"], dir.path()), 2, "--batch");
+    one_error_line(&tiny(&["--task", "sorting"], dir.path()), 2, "sorting");
+    let mqar = ["--task", "mqar", "--eval-lens", "99"];
+    one_error_line(
+        &tiny(&mqar, dir.path()),
+        2,
+        "--eval-lens: 99 is outside 1..=32",
+    );
+}
+
+#[test]
+fn stop_after_checkpoints_and_resume_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tiny(&["--run-dir", "r", "--stop-after", "3"], dir.path());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(stdout.contains("stopped: step 3/6"), "{stdout}");
+    assert!(
+        stdout.contains("resume: stepgraph train --resume r"),
+        "{stdout}"
+    );
+    let out = tiny(&["--resume", "r"], dir.path());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("resuming at 3") && stdout.contains("done: step 6/6"),
+        "{stdout}"
+    );
+}

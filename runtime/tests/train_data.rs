@@ -1,0 +1,297 @@
+//! Training data: task token formats, determinism, train/eval disjointness,
+//! length generalization sets, saved positions, and token files.
+
+use std::collections::HashSet;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use stepgraph::train::TrainError;
+use stepgraph::train::data::tasks::is_eval_instance;
+use stepgraph::train::data::{Batch, DataFormat, DataSpec, Dataset, Task};
+
+fn rng(seed: u64) -> ChaCha20Rng {
+    ChaCha20Rng::seed_from_u64(seed)
+}
+
+#[test]
+fn parity_format() {
+    let mut r = rng(1);
+    for n in [1, 2, 7, 40] {
+        let ex = Task::Parity.generate(n, &mut r);
+        assert_eq!(ex.tokens.len(), Task::Parity.width(n));
+        assert!(ex.tokens[..n].iter().all(|&b| b < 2));
+        assert_eq!(ex.tokens[n], 2, "`=` follows the bits");
+        let xor = ex.tokens[..n].iter().fold(0, |a, &b| a ^ b);
+        assert_eq!(ex.tokens[n + 1], xor);
+        assert_eq!(ex.answers, vec![n], "scored: the prediction at `=`");
+    }
+}
+
+#[test]
+fn modarith_format_is_left_to_right_mod_5() {
+    let mut r = rng(2);
+    for n in [1, 2, 5, 30] {
+        let ex = Task::Modarith.generate(n, &mut r);
+        let t = &ex.tokens;
+        assert_eq!(t.len(), 2 * n + 1);
+        let mut acc = t[0];
+        for i in 1..n {
+            let (op, a) = (t[2 * i - 1], t[2 * i]);
+            assert!((5..8).contains(&op) && a < 5);
+            acc = match op {
+                5 => (acc + a) % 5,
+                6 => (acc + 5 - a) % 5,
+                _ => (acc * a) % 5,
+            };
+        }
+        assert_eq!(t[2 * n - 1], 8);
+        assert_eq!(t[2 * n], acc);
+        assert_eq!(ex.answers, vec![2 * n - 1]);
+    }
+}
+
+#[test]
+fn copy_format() {
+    let mut r = rng(3);
+    for n in [4, 10, 50] {
+        let ex = Task::Copy.generate(n, &mut r);
+        let t = &ex.tokens;
+        assert_eq!(t.len(), n + 5);
+        let data: Vec<u32> = t[..n].iter().copied().filter(|&x| x != 8).collect();
+        assert_eq!(data.len(), 4, "four data tokens among blanks");
+        assert_eq!(t[n], 9, "separator");
+        assert_eq!(&t[n + 1..], data.as_slice(), "copied in order");
+        assert_eq!(ex.answers, (n..n + 4).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn mqar_format() {
+    let mut r = rng(4);
+    for n in [1, 5, 32] {
+        let ex = Task::Mqar.generate(n, &mut r);
+        let t = &ex.tokens;
+        assert_eq!(t.len(), 4 * n);
+        let pairs: Vec<(u32, u32)> = t[..2 * n].chunks(2).map(|c| (c[0], c[1])).collect();
+        let keys: HashSet<u32> = pairs.iter().map(|p| p.0).collect();
+        assert_eq!(keys.len(), n, "distinct keys");
+        assert!(pairs.iter().all(|&(k, v)| k < 32 && (32..64).contains(&v)));
+        for (i, &p) in ex.answers.iter().enumerate() {
+            assert_eq!(p, 2 * n + 2 * i);
+            let want = pairs.iter().find(|q| q.0 == t[p]).map(|q| q.1);
+            assert_eq!(Some(t[p + 1]), want, "the answer is the key's value");
+        }
+    }
+}
+
+#[test]
+fn batches_pad_and_mask_only_answers() {
+    let mut r = rng(5);
+    let exs = vec![
+        Task::Parity.generate(2, &mut r),
+        Task::Parity.generate(5, &mut r),
+    ];
+    let b = Batch::from_examples(&exs, Task::Parity.width(5), Task::Parity.pad());
+    assert_eq!((b.rows, b.width), (2, 7));
+    assert_eq!(&b.tokens[4..7], &[3, 3, 3], "row 0 right-padded");
+    assert_eq!(b.scored_count(), 2);
+    assert!(b.scored(2) && b.scored(6 + 5));
+    assert!(!b.scored(0) && !b.scored(3));
+}
+
+fn task_spec(task: Task, train_len: usize, eval_lens: Vec<usize>) -> DataSpec {
+    DataSpec::Task {
+        task,
+        train_len,
+        eval_lens,
+    }
+}
+
+#[test]
+fn datasets_are_deterministic_from_the_seed() {
+    for task in Task::ALL {
+        let spec = task_spec(task, 8, vec![8, 16]);
+        let mut a = Dataset::new(&spec, 7, 4).unwrap();
+        let mut b = Dataset::new(&spec, 7, 4).unwrap();
+        let mut c = Dataset::new(&spec, 8, 4).unwrap();
+        let (ba, bb, bc) = (a.next_batch(16), b.next_batch(16), c.next_batch(16));
+        assert_eq!(ba, bb, "{task:?}");
+        assert_ne!(ba, bc, "{task:?}: another seed, other data");
+        assert_eq!(a.eval_sets()[1].batches, b.eval_sets()[1].batches);
+    }
+}
+
+#[test]
+fn train_and_eval_splits_are_disjoint() {
+    let spec = task_spec(Task::Parity, 12, vec![12]);
+    let mut data = Dataset::new(&spec, 3, 32).unwrap();
+    let eval: HashSet<Vec<u32>> = data.eval_sets()[0]
+        .batches
+        .iter()
+        .flat_map(|b| b.tokens.chunks(b.width).map(<[u32]>::to_vec))
+        .collect();
+    assert!(eval.iter().all(|t| is_eval_instance(t)));
+    let mut seen = 0;
+    for _ in 0..40 {
+        let b = data.next_batch(64);
+        for row in b.tokens.chunks(b.width) {
+            // Training rows of other sizes are padded; compare the unpadded instance.
+            let inst: Vec<u32> = row.iter().copied().filter(|&t| t != 3).collect();
+            if inst.len() == 14 {
+                seen += 1;
+                assert!(!eval.contains(&inst), "an eval instance in training");
+            }
+            if inst.len() > 5 {
+                assert!(!is_eval_instance(&inst));
+            }
+        }
+    }
+    assert!(
+        seen > 50,
+        "enough length-12 training rows compared ({seen})"
+    );
+}
+
+#[test]
+fn training_stays_within_train_len_and_eval_goes_beyond() {
+    let spec = task_spec(Task::Modarith, 6, vec![6, 24]);
+    let mut data = Dataset::new(&spec, 0, 8).unwrap();
+    assert_eq!(data.train_width(), Task::Modarith.width(6));
+    let mut sizes = HashSet::new();
+    for _ in 0..20 {
+        let b = data.next_batch(16);
+        assert_eq!(b.width, data.train_width(), "one training shape");
+        for (r, row) in b.tokens.chunks(b.width).enumerate() {
+            let eq = row.iter().position(|&t| t == 8).unwrap();
+            // `=` sits at index 2n - 1.
+            sizes.insert(eq.div_ceil(2));
+            let mask = &b.mask.as_ref().unwrap()[r * (b.width - 1)..(r + 1) * (b.width - 1)];
+            assert_eq!(mask.iter().filter(|&&m| m).count(), 1);
+            assert!(mask[eq]);
+        }
+    }
+    assert_eq!(sizes, (1..=6).collect(), "every size 1..=L is trained");
+    let long = &data.eval_sets()[1];
+    assert_eq!(long.length, Some(24));
+    let rows: usize = long.batches.iter().map(|b| b.rows).sum();
+    assert_eq!(rows, stepgraph::train::data::TASK_EVAL_ROWS);
+    for b in &long.batches {
+        assert_eq!(b.width, Task::Modarith.width(24));
+        assert_eq!(b.scored_count(), b.rows);
+    }
+}
+
+#[test]
+fn a_restored_position_draws_the_same_batches() {
+    let spec = task_spec(Task::Mqar, 6, vec![6]);
+    let mut a = Dataset::new(&spec, 11, 4).unwrap();
+    for _ in 0..3 {
+        a.next_batch(8);
+    }
+    let pos = a.position();
+    assert_eq!(pos.batches, 3);
+    let mut b = Dataset::new(&spec, 11, 4).unwrap();
+    b.restore(pos);
+    assert_eq!(a.next_batch(8), b.next_batch(8));
+}
+
+fn file_spec(
+    path: &std::path::Path,
+    format: DataFormat,
+    vocab: Option<usize>,
+    seq_len: usize,
+) -> DataSpec {
+    DataSpec::File {
+        path: path.to_path_buf(),
+        format,
+        vocab_size: vocab,
+        eval_fraction: 0.25,
+        seq_len,
+    }
+}
+
+#[test]
+fn byte_files_train_on_the_head_and_evaluate_on_the_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("text.txt");
+    let text: Vec<u8> = (0..400u32)
+        .map(|i| b'a' + u8::try_from(i % 26).unwrap())
+        .collect();
+    std::fs::write(&path, &text).unwrap();
+    let mut data = Dataset::new(&file_spec(&path, DataFormat::Bytes, None, 7), 0, 4).unwrap();
+    assert_eq!(data.vocab_size(), 256);
+    let b = data.next_batch(5);
+    assert_eq!((b.rows, b.width), (5, 8));
+    assert!(b.mask.is_none());
+    for row in b.tokens.chunks(8) {
+        // Windows are contiguous runs of the training part (first 300 bytes).
+        let start = text
+            .windows(8)
+            .position(|w| w.iter().map(|&x| u32::from(x)).eq(row.iter().copied()));
+        assert!(start.is_some());
+    }
+    let held = &data.eval_sets()[0];
+    let first = &held.batches[0].tokens[..8];
+    let want: Vec<u32> = text[300..308].iter().map(|&x| u32::from(x)).collect();
+    assert_eq!(first, want.as_slice(), "eval reads the held-out tail");
+}
+
+#[test]
+fn u16_and_u32_files_are_little_endian_and_checked_against_the_vocab() {
+    let dir = tempfile::tempdir().unwrap();
+    let p16 = dir.path().join("t.u16");
+    let ids: Vec<u16> = (0..64).map(|i| i % 50).collect();
+    std::fs::write(
+        &p16,
+        ids.iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let data = Dataset::new(&file_spec(&p16, DataFormat::U16, Some(50), 7), 0, 2).unwrap();
+    assert_eq!(data.eval_sets()[0].batches[0].tokens[..3], [48, 49, 0]);
+    let err = Dataset::new(&file_spec(&p16, DataFormat::U16, Some(40), 7), 0, 2)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            err,
+            TrainError::TokenOutOfRange {
+                index: 40,
+                token: 40,
+                vocab_size: 40,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let p32 = dir.path().join("t.u32");
+    std::fs::write(&p32, [1u8, 0, 0, 0, 2, 0, 0]).unwrap();
+    let err = Dataset::new(&file_spec(&p32, DataFormat::U32, Some(9), 1), 0, 2)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("not a whole number"), "{err}");
+    let err = Dataset::new(&file_spec(&p16, DataFormat::U16, None, 7), 0, 2)
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.exit_code(),
+        2,
+        "a missing --vocab-size is a usage error: {err}"
+    );
+    let err = Dataset::new(&file_spec(&p16, DataFormat::U16, Some(50), 40), 0, 2)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("fewer than one window"), "{err}");
+    let err = Dataset::new(
+        &file_spec(&dir.path().join("nope"), DataFormat::Bytes, None, 7),
+        0,
+        2,
+    )
+    .err()
+    .unwrap();
+    assert!(
+        err.to_string().starts_with("cannot read data file"),
+        "{err}"
+    );
+}
