@@ -405,33 +405,54 @@ fn launch_block() -> usize {
 /// Most dynamic shared memory a block may opt into on sm_90 (227 KiB).
 pub const MAX_SCAN_SMEM: usize = 232_448;
 
-/// Launch configuration of a scan kernel: one block per (batch row, head),
-/// after opting the kernel into `smem` bytes of dynamic shared memory.
-pub(crate) fn scan_launch(
-    gpu: &Gpu,
-    name: &'static str,
-    sh: &Mamba3Shape,
-    smem: usize,
-) -> Result<LaunchConfig, GpuError> {
+/// Opts both scan kernels into the dynamic shared memory `sh` needs. Called
+/// when activations are allocated (outside any capture): setting a function
+/// attribute is not a stream operation, but keeping it out of the capture
+/// keeps the captured work to launches and copies.
+pub fn scan_prepare(gpu: &Gpu, sh: &Mamba3Shape) -> Result<(), GpuError> {
+    for (name, smem) in [
+        ("m3_scan_fwd_f32", scan_fwd_smem(sh)),
+        ("m3_scan_bwd_f32", scan_bwd_smem(sh)),
+    ] {
+        let bytes = check_smem(smem)?;
+        let opt_in = i32::try_from(bytes).map_err(|_| GpuError::SizeOverflow {
+            what: "scan shared memory",
+            value: u128::from(bytes),
+            target: "i32",
+        })?;
+        gpu.kernel(name)?
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                opt_in,
+            )
+            .during("opt a scan kernel into large shared memory")?;
+    }
+    Ok(())
+}
+
+fn check_smem(smem: usize) -> Result<u32, GpuError> {
     if smem > MAX_SCAN_SMEM {
         return Err(GpuError::BufferTooSmall {
-            what: "scan shared memory per block (bytes)",
+            what: "scan shared memory per block (bytes; lower chunk_size, d_state or headdim)",
             need: smem,
             have: MAX_SCAN_SMEM,
         });
     }
-    let bytes = to_u32("scan shared memory", smem)?;
-    let opt_in = i32::try_from(smem).map_err(|_| GpuError::SizeOverflow {
-        what: "scan shared memory",
-        value: u128::from(bytes),
-        target: "i32",
-    })?;
-    gpu.kernel(name)?
-        .set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            opt_in,
-        )
-        .during("opt a scan kernel into large shared memory")?;
+    to_u32("scan shared memory", smem)
+}
+
+/// Launch configuration of a scan kernel: one block per (batch row, head)
+/// with `smem` bytes of dynamic shared memory. Outside a capture the
+/// kernels are (re-)opted into that size first.
+pub(crate) fn scan_launch(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    smem: usize,
+) -> Result<LaunchConfig, GpuError> {
+    let bytes = check_smem(smem)?;
+    if gpu.refuse_in_capture("set a kernel attribute").is_ok() {
+        scan_prepare(gpu, sh)?;
+    }
     let blocks = to_u32("mamba3: batch * nheads", sh.batch * sh.nheads)?;
     Ok(LaunchConfig {
         grid_dim: (blocks.max(1), 1, 1),
@@ -475,7 +496,7 @@ pub fn scan_fwd(
         states,
         sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state,
     )?;
-    let cfg = scan_launch(gpu, "m3_scan_fwd_f32", sh, scan_fwd_smem(sh))?;
+    let cfg = scan_launch(gpu, sh, scan_fwd_smem(sh))?;
     let f = gpu.kernel("m3_scan_fwd_f32")?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);

@@ -212,7 +212,7 @@ pub fn scan_bwd(
         out.dskip_part,
         sh.batch * sh.nheads,
     )?;
-    let cfg = scan_launch(gpu, "m3_scan_bwd_f32", sh, scan_bwd_smem(sh))?;
+    let cfg = scan_launch(gpu, sh, scan_bwd_smem(sh))?;
     let f = gpu.kernel("m3_scan_bwd_f32")?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);

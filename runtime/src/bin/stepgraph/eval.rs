@@ -1,14 +1,16 @@
 //! `stepgraph eval`: mean next-token cross-entropy of a checkpoint on a token
-//! file, on the CPU reference model, optionally with the gradient of that loss
-//! for every parameter.
+//! file, on the CPU reference model (or, with `--device cuda`, the f32 GPU
+//! model), optionally with the gradient of that loss for every parameter.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use stepgraph::device::Gpu;
 use stepgraph::mamba3::checkpoint::{self, CheckpointError};
 use stepgraph::mamba3::cpu::{
     Float, ModelError, ScanMode, TokenError, Tokens, forward, try_backward,
 };
+use stepgraph::mamba3::gpu::{self as gpu_model, Mamba3GpuError};
 
 /// Arguments of `stepgraph eval`.
 #[derive(clap::Args)]
@@ -19,9 +21,12 @@ pub struct Args {
     /// Safetensors file with one integer tensor `tokens` of shape [B, T+1].
     #[arg(long)]
     tokens: PathBuf,
-    /// Precision of the CPU computation.
+    /// Precision of the CPU computation (the GPU computes in f32).
     #[arg(long, value_enum, default_value_t = Precision::F64)]
     precision: Precision,
+    /// Where to compute: the CPU reference, or the f32 model on GPU 0.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
     /// Also write d(mean loss)/d(parameter) for every parameter here
     /// (safetensors, official parameter names).
     #[arg(long)]
@@ -37,6 +42,15 @@ pub enum Precision {
     F32,
 }
 
+/// Where `eval` computes.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Device {
+    /// The CPU reference model, in `--precision`.
+    Cpu,
+    /// The f32 GPU model (`mamba3::gpu`), on GPU 0.
+    Cuda,
+}
+
 /// Everything that can stop an evaluation.
 #[derive(Debug, thiserror::Error)]
 enum EvalError {
@@ -46,14 +60,17 @@ enum EvalError {
     Model(#[from] ModelError),
     #[error("{}: {source}", path.display())]
     Tokens { path: PathBuf, source: TokenError },
+    #[error(transparent)]
+    Gpu(#[from] Mamba3GpuError),
 }
 
 /// Prints `{"loss": ..., "tokens": ...}` on success (exit 0), one error line
 /// on failure (exit 1).
 pub fn run(args: &Args) -> ExitCode {
-    let result = match args.precision {
-        Precision::F64 => evaluate::<f64>(args),
-        Precision::F32 => evaluate::<f32>(args),
+    let result = match (args.device, args.precision) {
+        (Device::Cuda, _) => evaluate_cuda(args),
+        (Device::Cpu, Precision::F64) => evaluate::<f64>(args),
+        (Device::Cpu, Precision::F32) => evaluate::<f32>(args),
     };
     match result {
         Ok(line) => {
@@ -81,6 +98,39 @@ fn evaluate<T: Float>(args: &Args) -> Result<String, EvalError> {
         checkpoint::write_tensors(path, &named)?;
     }
     Ok(serde_json::json!({"loss": out.loss, "tokens": tokens.count()}).to_string())
+}
+
+/// The same evaluation with the f32 GPU ops (one forward, one backward).
+fn evaluate_cuda(args: &Args) -> Result<String, EvalError> {
+    let (cfg, weights) = checkpoint::load::<f32>(&args.checkpoint)?;
+    let tokens = read_tokens(&args.tokens, cfg.vocab_size)?;
+    let (batch, len) = (tokens.batch(), tokens.len());
+    let (values, _) = checkpoint::read_int_tensor(&args.tokens, "tokens")?;
+    // Ids were range-checked by `read_tokens`, so they fit an i32.
+    let ids: Vec<i32> = values
+        .iter()
+        .map(|&v| i32::try_from(v).unwrap_or(-1))
+        .collect();
+    let gpu = Gpu::new(0).map_err(Mamba3GpuError::from)?;
+    let w = gpu_model::Weights::upload(&gpu, &cfg, &weights)?;
+    let mut acts = gpu_model::Acts::new(&gpu, &cfg, batch, len)?;
+    let tok = gpu.to_device(&ids).map_err(Mamba3GpuError::from)?;
+    let mut loss = gpu.alloc_zeros::<f32>(1).map_err(Mamba3GpuError::from)?;
+    gpu_model::forward(&gpu, &w, &tok, &mut acts, &mut loss)?;
+    if let Some(path) = &args.grads_out {
+        let mut grads = gpu_model::Grads::new(&gpu, &cfg, batch, len)?;
+        gpu_model::backward(&gpu, &w, &tok, &acts, &mut grads)?;
+        let g = grads.download(&gpu)?;
+        let named: Vec<(String, Vec<usize>, &[f32])> = g
+            .named(&cfg)
+            .into_iter()
+            .map(|(spec, data)| (spec.name, spec.shape, data))
+            .collect();
+        checkpoint::write_tensors(path, &named)?;
+    }
+    let l = gpu.to_host(&loss).map_err(Mamba3GpuError::from)?;
+    let l = l.first().copied().unwrap_or(f32::NAN);
+    Ok(serde_json::json!({"loss": f64::from(l), "tokens": tokens.count()}).to_string())
 }
 
 fn read_tokens(path: &Path, vocab_size: usize) -> Result<Tokens, EvalError> {

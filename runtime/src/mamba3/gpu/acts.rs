@@ -133,6 +133,7 @@ impl Acts {
         seq_len: usize,
     ) -> Result<Self, Mamba3GpuError> {
         let sh = shape_of(cfg, batch, seq_len)?;
+        crate::kernels::mamba3::scan_prepare(gpu, &sh)?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for _ in 0..cfg.n_layer {
             layers.push(LayerActs::new(gpu, &sh)?);
