@@ -28,6 +28,7 @@ fn options(run_dir: &Path, steps: u64) -> TrainOptions {
             headdim: 4,
             expand: 2,
             full_rope: false,
+            rotation: true,
         },
         device: Device::Cpu,
         precision: Precision::F32,
@@ -174,6 +175,7 @@ fn state(cfg: &Mamba3Config, step: u64) -> (EngineState, TrainState) {
             train_len: 4,
             eval_lens: vec![4],
         },
+        rotation: true,
         data_batches: step,
         data_word_pos: (u128::from(u64::MAX) + 7).to_string(),
     };

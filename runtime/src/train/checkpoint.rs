@@ -58,6 +58,9 @@ pub struct TrainState {
     pub precision: String,
     /// The data the run trains on.
     pub data: DataSpec,
+    /// Whether the states rotate (`false`: the `--no-rotation` ablation).
+    #[serde(default = "yes")]
+    pub rotation: bool,
     /// Training batches drawn.
     pub data_batches: u64,
     /// Word position of the training stream (decimal: JSON numbers are f64).
@@ -79,6 +82,10 @@ impl TrainState {
             word_pos,
         })
     }
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Name of the checkpoint directory of step `step`.

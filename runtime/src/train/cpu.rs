@@ -261,6 +261,14 @@ impl TrainEngine for CpuEngine {
             }
         }
         let mut tensors = grads.tensors_mut();
+        for f in &self.settings.frozen {
+            if let Some(g) = tensors
+                .get_mut(f.tensor)
+                .and_then(|t| t.get_mut(f.start..f.end))
+            {
+                g.fill(0.0);
+            }
+        }
         let grad_norm = match self.settings.clip {
             Some(max_norm) => clip_grad_norm(&mut tensors, max_norm),
             None => tensors
@@ -392,6 +400,7 @@ mod tests {
             },
             decay: DecayPolicy::MatricesOnly,
             clip,
+            frozen: Vec::new(),
         }
     }
 
@@ -489,6 +498,28 @@ mod tests {
             m.loss,
             sum / 6.0
         );
+    }
+
+    #[test]
+    fn frozen_rows_never_move() {
+        let cfg = tiny();
+        let frozen = crate::train::run::rotation_rows(&cfg);
+        assert_eq!(frozen.len(), cfg.n_layer);
+        let mut w = Weights::<f32>::init(&cfg, 4).unwrap();
+        let (f, before_rest) = (&frozen[0], w.layers[0].in_proj.clone());
+        w.layers[0].in_proj[f.start..f.end].fill(0.0);
+        let s = OptimSettings {
+            frozen: frozen.clone(),
+            ..settings(Some(1.0))
+        };
+        let mut engine = CpuEngine::new(cfg, w, s).unwrap();
+        for _ in 0..3 {
+            engine.load_batch(&parity_batch(4)).unwrap();
+            engine.step().unwrap();
+        }
+        let after = &engine.weights().layers[0].in_proj;
+        assert!(after[f.start..f.end].iter().all(|&v| v == 0.0), "angle rows stay zero");
+        assert_ne!(&after[..f.start], &before_rest[..f.start], "the rest trains");
     }
 
     #[test]

@@ -92,6 +92,23 @@ pub struct OptimSettings {
     pub decay: crate::optim::DecayPolicy,
     /// Global-norm clipping threshold; `None`: no clipping.
     pub clip: Option<f64>,
+    /// Parameter slices that never train (ablations such as
+    /// `--no-rotation`): their gradients are zeroed before clipping, so
+    /// AdamW leaves them exactly as initialised. A GPU engine applies the
+    /// same mask inside the graph.
+    pub frozen: Vec<Frozen>,
+}
+
+/// Elements `start..end` of parameter tensor `tensor` (in `param_specs`
+/// order, flat row-major) do not train.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frozen {
+    /// Tensor index in `param_specs` order.
+    pub tensor: usize,
+    /// First frozen element.
+    pub start: usize,
+    /// One past the last frozen element.
+    pub end: usize,
 }
 
 /// The scalars of the last step.

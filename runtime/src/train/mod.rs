@@ -20,7 +20,8 @@ use thiserror::Error;
 
 pub use cpu::CpuEngine;
 pub use engine::{
-    EngineError, EngineInfo, EngineState, EvalOutput, OptimSettings, StepMetrics, TrainEngine,
+    EngineError, EngineInfo, EngineState, EvalOutput, Frozen, OptimSettings, StepMetrics,
+    TrainEngine,
 };
 pub use run::{Device, Precision, RunSummary, TrainOptions, train};
 pub use schedule::LrSchedule;

@@ -15,7 +15,7 @@ use super::TrainError;
 use super::checkpoint::{self, CHECKPOINTS_DIR, TrainState};
 use super::cpu::CpuEngine;
 use super::data::{DataSpec, Dataset, EvalSet};
-use super::engine::{OptimSettings, TrainEngine};
+use super::engine::{Frozen, OptimSettings, TrainEngine};
 use super::report::{self, EvalResult, MetricsLog, Progress, ProgressMode};
 use super::schedule::LrSchedule;
 use crate::mamba3::cpu::Weights;
@@ -67,6 +67,10 @@ pub struct ModelSize {
     pub expand: usize,
     /// Rotate all state dims (`rope_fraction` 1.0) instead of half.
     pub full_rope: bool,
+    /// `false`: the rotation ablation (`--no-rotation`): the angle rows of
+    /// every `in_proj` start at zero and never train, so no state rotates
+    /// (the paper's "w/o RoPE" row of Table 5b).
+    pub rotation: bool,
 }
 
 /// Everything `stepgraph train` was asked to do.
@@ -274,6 +278,22 @@ fn model_config(size: ModelSize, vocab: usize) -> Result<Mamba3Config, TrainErro
     Ok(cfg)
 }
 
+/// The `in_proj` rows producing the rotation angles, per layer: frozen (and
+/// zeroed) for the `--no-rotation` ablation.
+pub fn rotation_rows(cfg: &Mamba3Config) -> Vec<Frozen> {
+    let layout = cfg.in_proj_layout();
+    crate::mamba3::cpu::param_specs(cfg)
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.name.ends_with(".mixer.in_proj.weight"))
+        .map(|(tensor, _)| Frozen {
+            tensor,
+            start: layout.angles * cfg.d_model,
+            end: layout.width * cfg.d_model,
+        })
+        .collect()
+}
+
 /// `runs/20261202-101500` (UTC), made unique with a suffix if taken.
 pub fn default_run_dir() -> PathBuf {
     let secs = SystemTime::now()
@@ -380,13 +400,27 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, Train
         },
         decay: opts.decay.clone(),
         clip: opts.clip,
+        frozen: if opts.model.rotation {
+            Vec::new()
+        } else {
+            rotation_rows(&cfg)
+        },
     };
+    let mut weights = Weights::<f32>::init(&cfg, opts.seed)?;
+    let mut tensors = weights.tensors_mut();
+    for f in &settings.frozen {
+        if let Some(w) = tensors
+            .get_mut(f.tensor)
+            .and_then(|t| t.get_mut(f.start..f.end))
+        {
+            w.fill(0.0);
+        }
+    }
+    // Only the CPU engine exists so far; `resolve_device` refused the rest.
     let mut engine: Box<dyn TrainEngine> = match device {
-        Device::Cpu | Device::Auto | Device::Cuda => Box::new(CpuEngine::new(
-            cfg.clone(),
-            Weights::<f32>::init(&cfg, opts.seed)?,
-            settings,
-        )?),
+        Device::Cpu | Device::Auto | Device::Cuda => {
+            Box::new(CpuEngine::new(cfg.clone(), weights, settings)?)
+        }
     };
     let run_dir = match &resumed {
         Some((dir, ckpt_cfg, state, tstate)) => {
@@ -480,6 +514,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, Train
             batch: opts.batch,
             precision: opts.precision.name().into(),
             data: opts.data.clone(),
+            rotation: opts.model.rotation,
             data_batches: pos.batches,
             data_word_pos: pos.word_pos.to_string(),
         };

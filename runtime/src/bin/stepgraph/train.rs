@@ -62,6 +62,9 @@ pub struct Args {
     /// Rotate every state dim (rope_fraction 1.0) instead of half.
     #[arg(long)]
     full_rope: bool,
+    /// Ablation: no state rotation (the angle projections stay zero).
+    #[arg(long)]
+    no_rotation: bool,
     /// Where the step runs: auto picks a GPU engine when one is available.
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
@@ -69,10 +72,10 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     precision: PrecisionArg,
     /// Rows per batch.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 64)]
     batch: usize,
     /// Training steps.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 4000)]
     steps: u64,
     /// Peak learning rate.
     #[arg(long, default_value_t = 3e-3)]
@@ -96,13 +99,13 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Evaluate every N steps (0: only at the end).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 500)]
     eval_every: u64,
     /// Plain progress line every N steps (when stderr is not a terminal).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 250)]
     log_every: u64,
     /// Checkpoint every N steps (0: only at the end).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 1000)]
     checkpoint_every: u64,
     /// Checkpoints kept.
     #[arg(long, default_value_t = 3)]
@@ -196,6 +199,7 @@ fn options(a: &Args) -> TrainOptions {
             headdim: a.headdim,
             expand: a.expand,
             full_rope: a.full_rope,
+            rotation: !a.no_rotation,
         },
         device: match a.device {
             DeviceArg::Auto => Device::Auto,
