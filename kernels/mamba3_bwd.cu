@@ -171,11 +171,11 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK) m3_angle_bwd_f32(float* _
         unsigned s = (unsigned)(i % d.angles);
         unsigned h = (unsigned)((i / d.angles) % d.nheads);
         unsigned b = (unsigned)(i / ((unsigned long long)d.angles * d.nheads));
-        float acc = 0.0f;
+        double acc = 0.0;  // a long reverse sum; double keeps it exact enough
         for (unsigned t = d.len; t-- > 0;) {
             unsigned long long e = (((unsigned long long)b * d.len + t) * d.nheads + h) * d.angles + s;
-            acc += dphi[e];
-            dphi[e] = acc;
+            acc += (double)dphi[e];
+            dphi[e] = (float)acc;
         }
     }
 }

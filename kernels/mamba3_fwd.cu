@@ -117,12 +117,15 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
         unsigned s = (unsigned)(i % d.angles);
         unsigned h = (unsigned)((i / d.angles) % d.nheads);
         unsigned b = (unsigned)(i / ((unsigned long long)d.angles * d.nheads));
-        float run = 0.0f;
+        // Accumulated in double: an f32 running sum drifts by ~T ulps of 2 pi,
+        // which the rotation turns into error in every score.
+        const double two_pi = 6.283185307179586476925;
+        double run = 0.0;
         for (unsigned t = 0; t < d.len; ++t) {
             unsigned long long row = (unsigned long long)b * d.len + t;
-            float v = fmaf(dt[row * d.nheads + h], theta[row * d.angles + s], run);
-            run = v - M3_TWO_PI * floorf(v / M3_TWO_PI);
-            phi[(row * d.nheads + h) * d.angles + s] = run;
+            double v = run + (double)dt[row * d.nheads + h] * (double)theta[row * d.angles + s];
+            run = v - two_pi * floor(v / two_pi);
+            phi[(row * d.nheads + h) * d.angles + s] = (float)run;
         }
     }
 }
