@@ -518,8 +518,15 @@ mod tests {
             engine.step().unwrap();
         }
         let after = &engine.weights().layers[0].in_proj;
-        assert!(after[f.start..f.end].iter().all(|&v| v == 0.0), "angle rows stay zero");
-        assert_ne!(&after[..f.start], &before_rest[..f.start], "the rest trains");
+        assert!(
+            after[f.start..f.end].iter().all(|&v| v == 0.0),
+            "angle rows stay zero"
+        );
+        assert_ne!(
+            &after[..f.start],
+            &before_rest[..f.start],
+            "the rest trains"
+        );
     }
 
     #[test]

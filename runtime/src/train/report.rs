@@ -240,9 +240,22 @@ pub fn write_plot(run_dir: &Path) -> Result<PathBuf, TrainError> {
             _ => {}
         }
     }
-    let mut loss_series = vec![("train".to_owned(), train)];
-    loss_series.extend(eval_loss.into_iter().map(|(k, s)| (format!("eval {k}"), s)));
-    let acc_series: Vec<(String, Series)> = eval_acc.into_iter().collect();
+    // Loss spans decades (ln V at the start, ~1e-4 once a task is solved):
+    // plot log10 of it. Long runs are thinned to bucket means.
+    let log = |s: Series| -> Series {
+        thin(s)
+            .into_iter()
+            .map(|(x, y)| (x, y.max(1e-4).log10()))
+            .collect()
+    };
+    let mut loss_series = vec![("train".to_owned(), log(train))];
+    loss_series.extend(
+        eval_loss
+            .into_iter()
+            .map(|(k, s)| (format!("eval {k}"), log(s))),
+    );
+    let acc_series: Vec<(String, Series)> =
+        eval_acc.into_iter().map(|(k, s)| (k, thin(s))).collect();
     let mut svg = String::new();
     let _ = write!(
         svg,
@@ -250,13 +263,14 @@ pub fn write_plot(run_dir: &Path) -> Result<PathBuf, TrainError> {
          font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"1000\" height=\"450\" fill=\"white\"/>\n"
     );
-    panel(&mut svg, 0.0, "loss", &loss_series, None);
+    panel(&mut svg, 0.0, "loss (log scale)", &loss_series, None, true);
     panel(
         &mut svg,
         500.0,
         "eval accuracy (%)",
         &acc_series,
         Some((0.0, 100.0)),
+        false,
     );
     svg.push_str("</svg>\n");
     let path = run_dir.join(PLOT_FILE);
@@ -275,7 +289,9 @@ fn panel(
     title: &str,
     series: &[(String, Series)],
     y_fixed: Option<(f64, f64)>,
+    log: bool,
 ) {
+    let ylabel = |v: f64| if log { tick(10f64.powf(v)) } else { tick(v) };
     let (left, top, w, h) = (x0 + 60.0, 30.0, 410.0, 330.0);
     let points = series.iter().flat_map(|(_, s)| s.iter());
     let (mut xmin, mut xmax, mut ymin, mut ymax) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
@@ -308,10 +324,10 @@ fn panel(
         left,
         left - 4.0,
         top + 10.0,
-        tick(ymax),
+        ylabel(ymax),
         left - 4.0,
         top + h,
-        tick(ymin),
+        ylabel(ymin),
         top + h + 16.0,
         tick(xmin),
         left + w,
@@ -328,7 +344,7 @@ fn panel(
                 format!("{px:.1},{py:.1}")
             })
             .collect();
-        let width = if i == 0 && title == "loss" { 1.0 } else { 2.0 };
+        let width = if i == 0 && log { 1.0 } else { 2.0 };
         let _ = writeln!(
             svg,
             "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"{width}\" points=\"{}\"/>",
@@ -350,10 +366,32 @@ fn panel(
 fn tick(v: f64) -> String {
     if v.abs() >= 1000.0 || v == v.trunc() {
         format!("{v:.0}")
+    } else if v.abs() < 0.01 {
+        format!("{v:.0e}")
     } else {
         format!("{v:.3}")
     }
 }
+
+/// At most [`MAX_POINTS`] points: consecutive buckets replaced by their means.
+fn thin(s: Series) -> Series {
+    if s.len() <= MAX_POINTS {
+        return s;
+    }
+    let per = s.len().div_ceil(MAX_POINTS);
+    s.chunks(per)
+        .map(|c| {
+            let n = c.len() as f64;
+            (
+                c.iter().map(|p| p.0).sum::<f64>() / n,
+                c.iter().map(|p| p.1).sum::<f64>() / n,
+            )
+        })
+        .collect()
+}
+
+/// Points per plotted series.
+const MAX_POINTS: usize = 1000;
 
 fn escape(s: &str) -> String {
     s.replace('&', "&amp;")

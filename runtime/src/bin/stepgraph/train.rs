@@ -113,7 +113,8 @@ pub struct Args {
     /// Run directory (default: runs/<UTC timestamp>).
     #[arg(long)]
     run_dir: Option<PathBuf>,
-    /// Continue from a checkpoint (or the newest one of a run directory).
+    /// Continue from a checkpoint (or the newest one of a run directory), in
+    /// the run directory that holds it (--run-dir is then ignored).
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Stop after this step as if interrupted (checkpoint, exit 0).
