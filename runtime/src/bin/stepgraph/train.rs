@@ -26,8 +26,10 @@ pub struct Args {
     /// Largest problem size trained on (sizes are drawn from the task's minimum up to it).
     #[arg(long, default_value_t = 16)]
     train_len: usize,
-    /// Problem sizes evaluated (comma-separated); larger than --train-len tests length generalization.
-    #[arg(long, value_delimiter = ',', default_values_t = [16, 32, 64])]
+    /// Problem sizes evaluated (comma-separated); larger than --train-len
+    /// tests length generalization. Default: L, 2L, 4L for L = --train-len
+    /// (those within the task's range).
+    #[arg(long, value_delimiter = ',')]
     eval_lens: Vec<usize>,
     /// Train on this file instead of a task.
     #[arg(long)]
@@ -167,6 +169,27 @@ enum ProgressArg {
     Quiet,
 }
 
+fn task(t: TaskArg) -> Task {
+    match t {
+        TaskArg::Parity => Task::Parity,
+        TaskArg::Modarith => Task::Modarith,
+        TaskArg::Copy => Task::Copy,
+        TaskArg::Mqar => Task::Mqar,
+    }
+}
+
+/// `L, 2L, 4L`, keeping those the task can generate (at least `L`).
+fn default_eval_lens(task: Task, train_len: usize) -> Vec<usize> {
+    let mut lens = vec![train_len];
+    for k in [2, 4] {
+        let n = train_len.saturating_mul(k);
+        if n <= task.max_len() {
+            lens.push(n);
+        }
+    }
+    lens
+}
+
 fn options(a: &Args) -> TrainOptions {
     let data = match &a.data {
         Some(path) => DataSpec::File {
@@ -181,14 +204,13 @@ fn options(a: &Args) -> TrainOptions {
             seq_len: a.seq_len,
         },
         None => DataSpec::Task {
-            task: match a.task {
-                TaskArg::Parity => Task::Parity,
-                TaskArg::Modarith => Task::Modarith,
-                TaskArg::Copy => Task::Copy,
-                TaskArg::Mqar => Task::Mqar,
-            },
+            task: task(a.task),
             train_len: a.train_len,
-            eval_lens: a.eval_lens.clone(),
+            eval_lens: if a.eval_lens.is_empty() {
+                default_eval_lens(task(a.task), a.train_len)
+            } else {
+                a.eval_lens.clone()
+            },
         },
     };
     TrainOptions {
