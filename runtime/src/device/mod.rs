@@ -25,8 +25,9 @@
 //!
 //! # Capture rules
 //!
-//! [`Gpu`] implements [`graph::Backend`](crate::graph::Backend) (see
-//! [`graph`]). While a capture is open, the wrappers that would allocate, copy
+//! [`Gpu`] implements [`graph::Backend`](crate::graph::Backend), capturing in
+//! `THREAD_LOCAL` mode on its own stream (see [`GpuGraph`] and the `graph`
+//! submodule's docs for why). While a capture is open, the wrappers that would allocate, copy
 //! to or from the host, or synchronize return
 //! [`GpuError::Violation`] before calling the driver, so the capture is never
 //! invalidated; the generated step code reports it as
