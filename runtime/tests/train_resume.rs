@@ -145,7 +145,19 @@ fn a_checkpoint_from_another_config_is_refused() {
         eval_lens: vec![6],
     };
     let err = train(&other, &stop).err().unwrap();
-    assert!(err.to_string().contains("another configuration"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("data is `task parity, train_len 6, eval 6,12` there, `task modarith"),
+        "{err}"
+    );
+    let mut other = options(&run, 4);
+    other.resume = Some(run.clone());
+    other.model.rotation = false;
+    let err = train(&other, &stop).err().unwrap();
+    assert!(
+        matches!(&err, TrainError::ConfigMismatch { field, .. } if field == "rotation"),
+        "{err}"
+    );
 }
 
 fn state(cfg: &Mamba3Config, step: u64) -> (EngineState, TrainState) {

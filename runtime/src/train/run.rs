@@ -335,6 +335,50 @@ fn mismatch(dir: &Path, field: &str, found: String, expected: String) -> TrainEr
     }
 }
 
+/// Refuses a checkpoint whose model, data or run identity differs from this
+/// run's (a resume must continue the same computation to be bit-identical).
+fn check_resume(
+    dir: &Path,
+    ckpt_cfg: &Mamba3Config,
+    tstate: &TrainState,
+    cfg: &Mamba3Config,
+    opts: &TrainOptions,
+) -> Result<(), TrainError> {
+    if let Some((field, found, expected)) = checkpoint::config_difference(ckpt_cfg, cfg) {
+        return Err(mismatch(dir, &field, found, expected));
+    }
+    let checks = [
+        ("data", tstate.data.summary(), opts.data.summary()),
+        ("batch", tstate.batch.to_string(), opts.batch.to_string()),
+        ("seed", tstate.seed.to_string(), opts.seed.to_string()),
+        (
+            "precision",
+            tstate.precision.clone(),
+            opts.precision.name().into(),
+        ),
+        (
+            "rotation",
+            tstate.rotation.to_string(),
+            opts.model.rotation.to_string(),
+        ),
+    ];
+    for (field, found, expected) in checks {
+        if found != expected {
+            return Err(mismatch(dir, field, found, expected));
+        }
+    }
+    // Equal summaries can still hide a difference (e.g. a float rounding).
+    if tstate.data != opts.data {
+        return Err(mismatch(
+            dir,
+            "data",
+            format!("{:?}", tstate.data),
+            format!("{:?}", opts.data),
+        ));
+    }
+    Ok(())
+}
+
 /// Scores one eval set.
 fn evaluate(engine: &mut dyn TrainEngine, set: &EvalSet) -> Result<EvalResult, TrainError> {
     let (mut loss, mut correct, mut count) = (0.0, 0usize, 0usize);
@@ -424,30 +468,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, Train
     };
     let run_dir = match &resumed {
         Some((dir, ckpt_cfg, state, tstate)) => {
-            if let Some((field, found, expected)) = checkpoint::config_difference(ckpt_cfg, &cfg) {
-                return Err(mismatch(dir, &field, found, expected));
-            }
-            if tstate.data != opts.data {
-                return Err(mismatch(
-                    dir,
-                    "data",
-                    format!("{:?}", tstate.data),
-                    format!("{:?}", opts.data),
-                ));
-            }
-            for (field, found, expected) in [
-                ("batch", tstate.batch.to_string(), opts.batch.to_string()),
-                ("seed", tstate.seed.to_string(), opts.seed.to_string()),
-                (
-                    "precision",
-                    tstate.precision.clone(),
-                    opts.precision.name().into(),
-                ),
-            ] {
-                if found != expected {
-                    return Err(mismatch(dir, field, found, expected));
-                }
-            }
+            check_resume(dir, ckpt_cfg, tstate, &cfg, opts)?;
             engine.import_state(state.clone())?;
             data.restore(tstate.data_position(dir)?);
             checkpoint::run_dir_of(dir).unwrap_or_else(|| dir.with_extension("resumed"))

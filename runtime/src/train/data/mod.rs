@@ -121,6 +121,39 @@ pub enum DataSpec {
     },
 }
 
+impl DataSpec {
+    /// A short description for messages (`task parity, train_len 16, eval 16,32`).
+    pub fn summary(&self) -> String {
+        match self {
+            Self::Task {
+                task,
+                train_len,
+                eval_lens,
+            } => format!(
+                "`task {}, train_len {train_len}, eval {}`",
+                task.name(),
+                eval_lens
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Self::File {
+                path,
+                format,
+                vocab_size,
+                eval_fraction,
+                seq_len,
+            } => format!(
+                "`{} ({}{}), seq_len {seq_len}, eval_fraction {eval_fraction}`",
+                path.display(),
+                format.name(),
+                vocab_size.map_or_else(String::new, |v| format!(", vocab {v}"))
+            ),
+        }
+    }
+}
+
 /// The state of the training stream, saved in checkpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DataPosition {
