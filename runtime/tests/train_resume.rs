@@ -140,14 +140,15 @@ fn a_checkpoint_from_another_config_is_refused() {
     let mut other = options(&run, 4);
     other.resume = Some(run.clone());
     other.data = DataSpec::Task {
-        task: Task::Modarith,
-        train_len: 6,
-        eval_lens: vec![6],
+        task: Task::Parity,
+        train_len: 7,
+        eval_lens: vec![6, 12],
     };
     let err = train(&other, &stop).err().unwrap();
     assert!(
-        err.to_string()
-            .contains("data is `task parity, train_len 6, eval 6,12` there, `task modarith"),
+        err.to_string().contains(
+            "data is `task parity, train_len 6, eval 6,12` there, `task parity, train_len 7"
+        ),
         "{err}"
     );
     let mut other = options(&run, 4);
