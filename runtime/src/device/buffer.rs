@@ -398,8 +398,9 @@ impl Gpu {
         Ok(buf)
     }
 
-    /// Starts copying `src` into `dst` (same length); `src` is locked for host
-    /// writes until the copy is done. Refused during capture.
+    /// Starts copying the first `dst.len()` elements of `src` (which may be
+    /// longer, a reusable staging buffer) into `dst`; host writes to `src`
+    /// wait until the copy is done. Refused during capture.
     pub fn copy_from_pinned<T: Element>(
         &self,
         src: &PinnedBuffer<T>,
@@ -433,8 +434,9 @@ impl Gpu {
             .during("record a pinned-buffer event")
     }
 
-    /// Starts copying `src` into `dst` (at least `src.len()` elements); host
-    /// reads of `dst` wait for it. Refused during capture.
+    /// Starts copying `src` into the first `src.len()` elements of `dst`
+    /// (which may be longer); host reads of `dst` wait until the copy is
+    /// done. Refused during capture.
     pub fn copy_to_pinned<T: Element>(
         &self,
         src: &DeviceBuffer<T>,
