@@ -163,19 +163,34 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     rot_bwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, dt, lam, dqkdot, dq, dk, dphi, d);
 }
 
-// One thread per (b, h, angle): the reverse cumsum over t of dphi, in place
-// (phi_t sums dt_r theta_r over r <= t, so d(dt_t theta_t) = sum_{u >= t} dphi_u).
+// One warp per (b, h, angle): the reverse cumsum over t of dphi, in place
+// (phi_t sums dt_r theta_r over r <= t, so d(dt_t theta_t) = sum_{u >= t}
+// dphi_u), 32 steps at a time from the end with a shuffle suffix sum, in
+// double.
 extern "C" __global__ void __launch_bounds__(SG_BLOCK) m3_angle_bwd_f32(float* __restrict__ dphi, M3Dims d) {
-    unsigned long long n = (unsigned long long)d.batch * d.nheads * d.angles;
-    SG_FOR_EACH(i, n) {
-        unsigned s = (unsigned)(i % d.angles);
-        unsigned h = (unsigned)((i / d.angles) % d.nheads);
-        unsigned b = (unsigned)(i / ((unsigned long long)d.angles * d.nheads));
-        double acc = 0.0;  // a long reverse sum; double keeps it exact enough
-        for (unsigned t = d.len; t-- > 0;) {
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
+    const unsigned long long total = (unsigned long long)d.batch * d.nheads * d.angles;
+    for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32; w < total;
+         w += warps) {
+        unsigned s = (unsigned)(w % d.angles);
+        unsigned h = (unsigned)((w / d.angles) % d.nheads);
+        unsigned b = (unsigned)(w / ((unsigned long long)d.angles * d.nheads));
+        double carry = 0.0;
+        for (unsigned blk = (d.len + 31) / 32; blk-- > 0;) {
+            unsigned t = blk * 32 + lane;
             unsigned long long e = (((unsigned long long)b * d.len + t) * d.nheads + h) * d.angles + s;
-            acc += (double)dphi[e];
-            dphi[e] = (float)acc;
+            double v = t < d.len ? (double)dphi[e] : 0.0;
+            for (int o = 1; o < 32; o <<= 1) {
+                double down = __shfl_down_sync(0xffffffffu, v, o);
+                if (lane + o < 32) {
+                    v += down;
+                }
+            }
+            if (t < d.len) {
+                dphi[e] = (float)(carry + v);
+            }
+            carry += __shfl_sync(0xffffffffu, v, 0);
         }
     }
 }

@@ -107,25 +107,40 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     prep<float>(proj, dt_bias, rstd_b, rstd_c, theta, dt, adt, lam, d);
 }
 
-// One thread per (b, h, angle): phi_t = (phi_{t-1} + dt_t theta_t) mod 2 pi,
-// sequential in t (the window starts from phi = 0).
+// One warp per (b, h, angle): phi_t = (sum_{r <= t} dt_r theta_r) mod 2 pi,
+// 32 steps at a time with a shuffle prefix sum (fixed order, so
+// deterministic). Sums run in double: an f32 running sum drifts by ~T ulps
+// of 2 pi, which the rotation turns into error in every score. Reducing the
+// total mod 2 pi once equals the recurrence's per-step wrap.
 extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     m3_angle_fwd_f32(const float* __restrict__ dt, const float* __restrict__ theta, float* __restrict__ phi,
                      M3Dims d) {
-    unsigned long long n = (unsigned long long)d.batch * d.nheads * d.angles;
-    SG_FOR_EACH(i, n) {
-        unsigned s = (unsigned)(i % d.angles);
-        unsigned h = (unsigned)((i / d.angles) % d.nheads);
-        unsigned b = (unsigned)(i / ((unsigned long long)d.angles * d.nheads));
-        // Accumulated in double: an f32 running sum drifts by ~T ulps of 2 pi,
-        // which the rotation turns into error in every score.
-        const double two_pi = 6.283185307179586476925;
-        double run = 0.0;
-        for (unsigned t = 0; t < d.len; ++t) {
+    const double two_pi = 6.283185307179586476925;
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
+    const unsigned long long total = (unsigned long long)d.batch * d.nheads * d.angles;
+    for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32; w < total;
+         w += warps) {
+        unsigned s = (unsigned)(w % d.angles);
+        unsigned h = (unsigned)((w / d.angles) % d.nheads);
+        unsigned b = (unsigned)(w / ((unsigned long long)d.angles * d.nheads));
+        double carry = 0.0;
+        for (unsigned t0 = 0; t0 < d.len; t0 += 32) {
+            unsigned t = t0 + lane;
             unsigned long long row = (unsigned long long)b * d.len + t;
-            double v = run + (double)dt[row * d.nheads + h] * (double)theta[row * d.angles + s];
-            run = v - two_pi * floor(v / two_pi);
-            phi[(row * d.nheads + h) * d.angles + s] = (float)run;
+            double v = t < d.len ? (double)dt[row * d.nheads + h] * (double)theta[row * d.angles + s] : 0.0;
+            for (int o = 1; o < 32; o <<= 1) {
+                double up = __shfl_up_sync(0xffffffffu, v, o);
+                if ((int)lane >= o) {
+                    v += up;
+                }
+            }
+            if (t < d.len) {
+                double tot = carry + v;
+                phi[(row * d.nheads + h) * d.angles + s] = (float)(tot - two_pi * floor(tot / two_pi));
+            }
+            carry += __shfl_sync(0xffffffffu, v, 31);
+            carry -= two_pi * floor(carry / two_pi);
         }
     }
 }

@@ -150,14 +150,21 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
     float* V = DK + C * NS;    // C x P
     float* DY = V + C * P;     // C x P
     float* GK = DY + C * P;    // C x P, e^{cs_last - cs_s} G k~_s
-    float* QK = GK + C * P;    // C x CS, q_t . k~_s (s < t)
-    float* DV = QK + C * CS;   // C x CS, dy_t . v_s (s < t)
+    // C x CS each. Lower triangle (s < t): QK = E_ts (q_t . k~_s) and
+    // DV = E_ts (dy_t . v_s), with E_ts = e^{cs_t - cs_s}. QK's upper
+    // triangle holds the pair weight w_ts = E_ts (q_t . k~_s)(dy_t . v_s) at
+    // [s][t], which drives cs_t up and cs_s down.
+    float* QK = GK + C * P;
+    float* DV = QK + C * CS;
     float* cs = DV + C * CS;   // C
     float* dl = cs + C;        // C, e^{cs_last - cs_s}
-    float* dg = dl + C;        // C, D + gamma qk_raw
+    float* ecs = dl + C;       // C, e^{cs_t}
+    float* dg = ecs + C;       // C, D + gamma qk_raw
     float* sc = dg + C;        // C, scale
     float* dcs = sc + C;       // C
-    float* red = dcs + C;      // SG_BLOCK
+    float* vgk = dcs + C;      // C, v_t . GK_t
+    float* dyv = vgk + C;      // C, dy_t . v_t
+    float* red = dyv + C;      // SG_BLOCK
     const unsigned tid = threadIdx.x;
     const unsigned bh = blockIdx.x, b = bh / d.nheads, h = bh % d.nheads;
     const float dh = dskip[h];
@@ -182,6 +189,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             }
             for (unsigned t = 0; t < L; ++t) {
                 dl[t] = expf(acc - cs[t]);
+                ecs[t] = expf(cs[t]);
             }
         }
         __syncthreads();
@@ -199,17 +207,24 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
         __syncthreads();
         for (unsigned i = tid; i < L * L; i += SG_BLOCK) {
             unsigned t = i / L, s = i % L;
-            float a = 0.0f, bb = 0.0f;
             if (s < t) {
+                float a = 0.0f, bb = 0.0f;
                 for (unsigned n = 0; n < N; ++n) {
                     a = fmaf(Q[t * NS + n], K[s * NS + n], a);
                 }
                 for (unsigned p = 0; p < P; ++p) {
                     bb = fmaf(DY[t * P + p], V[s * P + p], bb);
                 }
+                const float e = expf(cs[t] - cs[s]);
+                QK[t * CS + s] = e * a;
+                DV[t * CS + s] = e * bb;
+                QK[s * CS + t] = e * a * bb;
+            } else {
+                DV[t * CS + s] = 0.0f;
+                if (s == t) {
+                    QK[t * CS + t] = 0.0f;
+                }
             }
-            QK[t * CS + s] = a;
-            DV[t * CS + s] = bb;
         }
         for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
             unsigned t = i / N, n = i % N;
@@ -217,7 +232,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             for (unsigned p = 0; p < P; ++p) {
                 acc = fmaf(DY[t * P + p], st[p * N + n], acc);
             }
-            DK[t * NS + n] = expf(cs[t]) * acc;
+            DK[t * NS + n] = ecs[t] * acc;
         }
         __syncthreads();
         // dq, and the inter-chunk part of dcs.
@@ -225,7 +240,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             unsigned t = i / N, n = i % N;
             float acc = DK[t * NS + n];
             for (unsigned s = 0; s < t; ++s) {
-                acc = fmaf(expf(cs[t] - cs[s]) * DV[t * CS + s], K[s * NS + n], acc);
+                acc = fmaf(DV[t * CS + s], K[s * NS + n], acc);
             }
             dq[((row0 + t) * d.nheads + h) * N + n] = acc;
         }
@@ -242,7 +257,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             unsigned s = i / N, n = i % N;
             float acc = 0.0f;
             for (unsigned t = s + 1; t < L; ++t) {
-                acc = fmaf(expf(cs[t] - cs[s]) * DV[t * CS + s], Q[t * NS + n], acc);
+                acc = fmaf(DV[t * CS + s], Q[t * NS + n], acc);
             }
             float gv = 0.0f;
             for (unsigned p = 0; p < P; ++p) {
@@ -255,7 +270,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             unsigned s = i / P, p = i % P;
             float acc = 0.0f;
             for (unsigned t = s + 1; t < L; ++t) {
-                acc = fmaf(expf(cs[t] - cs[s]) * QK[t * CS + s], DY[t * P + p], acc);
+                acc = fmaf(QK[t * CS + s], DY[t * P + p], acc);
             }
             float gk = 0.0f;
             for (unsigned n = 0; n < N; ++n) {
@@ -281,34 +296,34 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             unsigned long long rh = (row0 + t) * d.nheads + h;
             float pairs = 0.0f;
             for (unsigned s = 0; s < t; ++s) {
-                pairs = fmaf(expf(cs[t] - cs[s]) * QK[t * CS + s], DV[t * CS + s], pairs);
+                pairs += QK[s * CS + t];
             }
             for (unsigned u = t + 1; u < L; ++u) {
-                pairs -= expf(cs[u] - cs[t]) * QK[u * CS + t] * DV[u * CS + t];
+                pairs -= QK[t * CS + u];
             }
-            float vgk = 0.0f, dyv = 0.0f;
+            float vg = 0.0f, yv = 0.0f;
             for (unsigned p = 0; p < P; ++p) {
-                vgk = fmaf(V[t * P + p], GK[t * P + p], vgk);
-                dyv = fmaf(DY[t * P + p], V[t * P + p], dyv);
+                vg = fmaf(V[t * P + p], GK[t * P + p], vg);
+                yv = fmaf(DY[t * P + p], V[t * P + p], yv);
             }
             float ds = 0.0f;
             for (unsigned n = 0; n < N; ++n) {
                 ds = fmaf(DK[t * NS + n], (float)k[rh * N + n], ds);
             }
-            dcs[t] += pairs - vgk;
-            dqkdot[rh] = dyv;
+            dcs[t] += pairs - vg;
+            dqkdot[rh] = yv;
             dscale[rh] = ds;
-            // The last position also drives e^{cs_last} in front of S_c and
-            // of every e^{cs_last - cs_s}: vgk summed over s is its share.
-            GK[t * P] = vgk;
-            DY[t * P] = dyv;
+            vgk[t] = vg;
+            dyv[t] = yv;
         }
         __syncthreads();
         if (tid == 0) {
+            // The last position also drives e^{cs_last} in front of S_c and
+            // of every e^{cs_last - cs_s}.
             float sum_vgk = 0.0f;
             for (unsigned t = 0; t < L; ++t) {
-                sum_vgk += GK[t * P];
-                dd_acc += DY[t * P];
+                sum_vgk += vgk[t];
+                dd_acc += dyv[t];
             }
             dcs[L - 1] += gs + sum_vgk;
             float acc = 0.0f;
@@ -317,15 +332,12 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
                 dadt[(row0 + t) * d.nheads + h] = acc;
             }
         }
-        __syncthreads();
-        // G <- dL/dS_c = e^{cs_last} G + sum_t e^{cs_t} dy_t q_t^T. DY[t*P]
-        // was overwritten above, so dy_t is read from global memory again.
+        // G <- dL/dS_c = e^{cs_last} G + sum_t e^{cs_t} dy_t q_t^T.
         for (unsigned i = tid; i < P * N; i += SG_BLOCK) {
             unsigned p = i / N, n = i % N;
             float acc = total * G[p * NS + n];
             for (unsigned t = 0; t < L; ++t) {
-                float dyv = (float)dy[(row0 + t) * d.d_inner + h * P + p];
-                acc = fmaf(expf(cs[t]) * dyv, Q[t * NS + n], acc);
+                acc = fmaf(ecs[t] * DY[t * P + p], Q[t * NS + n], acc);
             }
             G[p * NS + n] = acc;
         }

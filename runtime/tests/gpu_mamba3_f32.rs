@@ -579,3 +579,149 @@ fn ops_run_directly_and_zero_grads_zeroes() {
     adamw_step(&gpu, &s.grads, &s.sched, &mut s.weights, &mut s.adam).expect("adamw");
     assert_eq!(s.sched.steps(&gpu).expect("steps"), 1);
 }
+
+/// Median GPU time of `f` over `reps` runs, in ms.
+fn median_ms(gpu: &Gpu, reps: usize, f: &mut dyn FnMut() -> Result<(), String>) -> f32 {
+    let mut v: Vec<f32> = (0..reps)
+        .map(|_| {
+            let (r, ms) = gpu.time_ms(|| Ok(f())).expect("timing");
+            r.expect("timed op");
+            ms
+        })
+        .collect();
+    v.sort_by(f32::total_cmp);
+    v[v.len() / 2]
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn step_time_breakdown() {
+    use stepgraph::kernels::{mamba3 as k, mamba3_bwd as kb};
+    let gpu = gpu();
+    let cfg = Mamba3Config {
+        d_model: 256,
+        n_layer: 4,
+        vocab_size: 256,
+        d_state: 64,
+        headdim: 64,
+        ..Mamba3Config::default()
+    };
+    let mut s = timing_free_step(&gpu, &cfg, 16, 256, 2);
+    s.run_eager(&gpu).expect("warm-up");
+    let e = |r: Result<(), stepgraph::mamba3::gpu::Mamba3GpuError>| r.map_err(|e| e.to_string());
+    let g = |r: Result<(), stepgraph::device::GpuError>| r.map_err(|e| e.to_string());
+    let sh = s.acts.shape;
+    let mut rows = Vec::new();
+    rows.push((
+        "forward (4 layers + head + loss)",
+        median_ms(&gpu, 10, &mut || {
+            e(forward(
+                &gpu,
+                &s.weights,
+                &s.tokens,
+                &mut s.acts,
+                &mut s.loss,
+            ))
+        }),
+    ));
+    rows.push((
+        "backward",
+        median_ms(&gpu, 10, &mut || {
+            e(backward(&gpu, &s.weights, &s.tokens, &s.acts, &mut s.grads))
+        }),
+    ));
+    rows.push((
+        "zero_grads + schedule + adamw",
+        median_ms(&gpu, 10, &mut || {
+            e(zero_grads(&gpu, &mut s.grads))?;
+            g(advance_schedule(&gpu, &mut s.sched))?;
+            e(adamw_step(
+                &gpu,
+                &s.grads,
+                &s.sched,
+                &mut s.weights,
+                &mut s.adam,
+            ))
+        }),
+    ));
+    let (lw, la) = (&s.weights.layers[0], &mut s.acts.layers[0]);
+    rows.push((
+        "layer 0: scan forward",
+        median_ms(&gpu, 10, &mut || {
+            g(k::scan_fwd(
+                &gpu,
+                &sh,
+                &la.q,
+                &la.k,
+                &la.proj,
+                [&la.dt, &la.adt, &la.lam, &la.qk_raw],
+                &lw.d,
+                &mut la.y,
+                &mut la.states,
+            ))
+        }),
+    ));
+    rows.push((
+        "layer 0: angle cumsum forward",
+        median_ms(&gpu, 10, &mut || {
+            g(k::angle_fwd(&gpu, &sh, &la.dt, &la.theta, &mut la.phi))
+        }),
+    ));
+    rows.push((
+        "layer 0: in_proj GEMM",
+        median_ms(&gpu, 10, &mut || {
+            g(gpu.gemm_f32(
+                &stepgraph::device::Gemm::new(sh.rows, sh.width, sh.d_model).trans_b(),
+                &la.u,
+                &lw.in_proj,
+                &mut la.proj,
+            ))
+        }),
+    ));
+    let w = &mut s.grads.work;
+    rows.push((
+        "layer 0: scan backward",
+        median_ms(&gpu, 10, &mut || {
+            g(kb::scan_bwd(
+                &gpu,
+                &sh,
+                &la.q,
+                &la.k,
+                &la.proj,
+                [&la.dt, &la.adt, &la.lam, &la.qk_raw],
+                &lw.d,
+                &la.states,
+                &w.dy,
+                kb::ScanGrads {
+                    dq: &mut w.dq,
+                    dk: &mut w.dk,
+                    dproj: &mut w.dproj,
+                    dadt: &mut w.dadt,
+                    dscale: &mut w.dscale,
+                    dqkdot: &mut w.dqkdot,
+                    dskip_part: &mut w.dskip_part,
+                },
+            ))
+        }),
+    ));
+    rows.push((
+        "layer 0: angle cumsum backward",
+        median_ms(&gpu, 10, &mut || g(kb::angle_bwd(&gpu, &sh, &mut w.dphi))),
+    ));
+    rows.push((
+        "embedding backward",
+        median_ms(&gpu, 10, &mut || {
+            g(kb::embed_bwd(
+                &gpu,
+                &sh,
+                &s.tokens,
+                &w.dh,
+                &mut s.grads.params.embedding,
+            ))
+        }),
+    ));
+    println!("== f32 step breakdown (d_model 256, 4 layers, N 64, P 64, B 16, T 256)");
+    for (name, ms) in rows {
+        println!("  {name:<36} {ms:8.3} ms");
+    }
+}

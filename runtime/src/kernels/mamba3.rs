@@ -327,7 +327,7 @@ pub fn angle_fwd(
         .arg(&d);
     // SAFETY: reads dt[rows x H], theta[rows x S], writes phi[rows x H x S];
     // all three lengths checked.
-    unsafe { b.launch(thread_blocks(sh.batch * sh.nheads * sh.angles)?) }
+    unsafe { b.launch(warp_blocks(sh.batch * sh.nheads * sh.angles)?) }
         .during("launch m3_angle_fwd_f32")?;
     Ok(())
 }
@@ -395,7 +395,7 @@ pub fn scan_fwd_smem(sh: &Mamba3Shape) -> usize {
 /// Dynamic shared memory of the backward scan, in bytes.
 pub fn scan_bwd_smem(sh: &Mamba3Shape) -> usize {
     let (p, n, c) = (sh.headdim, sh.d_state + 1, sh.chunk);
-    4 * (p * n + 3 * c * n + 3 * c * p + 2 * c * (c + 1) + 5 * c + launch_block())
+    4 * (p * n + 3 * c * n + 3 * c * p + 2 * c * (c + 1) + 8 * c + launch_block())
 }
 
 fn launch_block() -> usize {

@@ -314,9 +314,9 @@ pub fn angle_bwd(
     let f = gpu.kernel("m3_angle_bwd_f32")?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(dphi.slice_mut()?).arg(&d);
-    // SAFETY: one thread per (b, h, s) walks its column of dphi
+    // SAFETY: one warp per (b, h, s) walks its column of dphi
     // [rows x H x S], whose length was checked.
-    unsafe { b.launch(thread_blocks(sh.batch * sh.nheads * sh.angles)?) }
+    unsafe { b.launch(warp_blocks(sh.batch * sh.nheads * sh.angles)?) }
         .during("launch m3_angle_bwd_f32")?;
     Ok(())
 }
