@@ -16,6 +16,36 @@
 // All sums run in a fixed order: results are bit-identical run to run.
 #include "mamba3_common.cuh"
 
+// Threads per scan block. One block per (batch row, head) fills one SM (the
+// shared memory allows no second block), so the block brings its own
+// latency hiding: 32 warps. The Rust wrapper launches the same count
+// (kernels/mamba3.rs, SCAN_THREADS).
+#define M3_SCAN_THREADS 1024
+
+// Sum over the scan block: shuffle tree per warp, then warp 0 folds the 32
+// warp sums in order. Every thread must call it and gets the result; `s`
+// holds M3_SCAN_THREADS / 32 floats.
+__device__ __forceinline__ float m3_scan_block_sum(float v, float* s) {
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = m3_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) {
+        s[warp] = v;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float w = lane < M3_SCAN_THREADS / 32 ? s[lane] : 0.0f;
+        w = m3_warp_sum(w);
+        if (lane == 0) {
+            s[0] = w;
+        }
+    }
+    __syncthreads();
+    float r = s[0];
+    __syncthreads();
+    return r;
+}
+
 __device__ __forceinline__ float m3_scale(const float* dt, const float* lam, unsigned long long rh, unsigned t,
                                           unsigned len, unsigned nheads) {
     float s = lam[rh] * dt[rh];
@@ -44,42 +74,47 @@ __device__ void scan_fwd(const T* __restrict__ q, const T* __restrict__ k, const
     const unsigned tid = threadIdx.x;
     const unsigned bh = blockIdx.x, b = bh / d.nheads, h = bh % d.nheads;
     const float dh = dskip[h];
-    for (unsigned i = tid; i < P * NS; i += SG_BLOCK) {
+    for (unsigned i = tid; i < P * NS; i += M3_SCAN_THREADS) {
         S[i] = 0.0f;
     }
     for (unsigned c = 0; c < d.nchunks; ++c) {
         const unsigned c0 = c * C, L = min(C, d.len - c0);
         const unsigned long long row0 = (unsigned long long)b * d.len + c0;
-        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+        for (unsigned i = tid; i < L * N; i += M3_SCAN_THREADS) {
             unsigned t = i / N, n = i % N;
             unsigned long long rh = (row0 + t) * d.nheads + h;
             Q[t * NS + n] = (float)q[rh * N + n];
             K[t * NS + n] = m3_scale(dt, lam, rh, c0 + t, d.len, d.nheads) * (float)k[rh * N + n];
         }
-        for (unsigned i = tid; i < L * P; i += SG_BLOCK) {
+        for (unsigned i = tid; i < L * P; i += M3_SCAN_THREADS) {
             unsigned t = i / P, p = i % P;
             V[i] = (float)proj[(row0 + t) * d.width + d.off_x + h * P + p];
         }
-        for (unsigned t = tid; t < L; t += SG_BLOCK) {
+        for (unsigned t = tid; t < L; t += M3_SCAN_THREADS) {
             unsigned long long rh = (row0 + t) * d.nheads + h;
             dg[t] = dh + lam[rh] * dt[rh] * qk_raw[rh];
+            cs[t] = adt[rh];
         }
+        __syncthreads();
+        // The chunk's cumsum is short and serial; staging adt first keeps
+        // global latency out of it.
         if (tid == 0) {
             float acc = 0.0f;
             for (unsigned t = 0; t < L; ++t) {
-                acc += adt[(row0 + t) * d.nheads + h];
+                acc += cs[t];
                 cs[t] = acc;
             }
-            for (unsigned t = 0; t < L; ++t) {
-                dl[t] = expf(acc - cs[t]);
-            }
+        }
+        __syncthreads();
+        for (unsigned t = tid; t < L; t += M3_SCAN_THREADS) {
+            dl[t] = expf(cs[L - 1] - cs[t]);
         }
         float* st = states + ((unsigned long long)bh * d.nchunks + c) * P * N;
-        for (unsigned i = tid; i < P * N; i += SG_BLOCK) {
+        for (unsigned i = tid; i < P * N; i += M3_SCAN_THREADS) {
             st[i] = S[(i / N) * NS + i % N];
         }
         __syncthreads();
-        for (unsigned i = tid; i < L * L; i += SG_BLOCK) {
+        for (unsigned i = tid; i < L * L; i += M3_SCAN_THREADS) {
             unsigned t = i / L, s = i % L;
             float w = 0.0f;
             if (s < t) {
@@ -94,7 +129,7 @@ __device__ void scan_fwd(const T* __restrict__ q, const T* __restrict__ k, const
             W[t * C + s] = w;
         }
         __syncthreads();
-        for (unsigned i = tid; i < L * P; i += SG_BLOCK) {
+        for (unsigned i = tid; i < L * P; i += M3_SCAN_THREADS) {
             unsigned t = i / P, p = i % P;
             float inter = 0.0f;
             for (unsigned n = 0; n < N; ++n) {
@@ -108,7 +143,7 @@ __device__ void scan_fwd(const T* __restrict__ q, const T* __restrict__ k, const
         }
         __syncthreads();
         const float total = expf(cs[L - 1]);
-        for (unsigned i = tid; i < P * N; i += SG_BLOCK) {
+        for (unsigned i = tid; i < P * N; i += M3_SCAN_THREADS) {
             unsigned p = i / N, n = i % N;
             float acc = total * S[p * NS + n];
             for (unsigned s = 0; s < L; ++s) {
@@ -120,7 +155,7 @@ __device__ void scan_fwd(const T* __restrict__ q, const T* __restrict__ k, const
     }
 }
 
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+extern "C" __global__ void __launch_bounds__(M3_SCAN_THREADS)
     m3_scan_fwd_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ proj,
                     const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                     const float* __restrict__ qk_raw, const float* __restrict__ dskip, float* __restrict__ y,
@@ -164,48 +199,51 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
     float* dcs = sc + C;       // C
     float* vgk = dcs + C;      // C, v_t . GK_t
     float* dyv = vgk + C;      // C, dy_t . v_t
-    float* red = dyv + C;      // SG_BLOCK
+    float* red = dyv + C;      // M3_SCAN_THREADS / 32
     const unsigned tid = threadIdx.x;
     const unsigned bh = blockIdx.x, b = bh / d.nheads, h = bh % d.nheads;
     const float dh = dskip[h];
     float dd_acc = 0.0f;
-    for (unsigned i = tid; i < P * NS; i += SG_BLOCK) {
+    for (unsigned i = tid; i < P * NS; i += M3_SCAN_THREADS) {
         G[i] = 0.0f;
     }
     for (unsigned cc = d.nchunks; cc-- > 0;) {
         const unsigned c0 = cc * C, L = min(C, d.len - c0);
         const unsigned long long row0 = (unsigned long long)b * d.len + c0;
         const float* st = states + ((unsigned long long)bh * d.nchunks + cc) * P * N;
-        for (unsigned t = tid; t < L; t += SG_BLOCK) {
+        for (unsigned t = tid; t < L; t += M3_SCAN_THREADS) {
             unsigned long long rh = (row0 + t) * d.nheads + h;
             sc[t] = m3_scale(dt, lam, rh, c0 + t, d.len, d.nheads);
             dg[t] = dh + lam[rh] * dt[rh] * qk_raw[rh];
+            cs[t] = adt[rh];
         }
+        __syncthreads();
         if (tid == 0) {
             float acc = 0.0f;
             for (unsigned t = 0; t < L; ++t) {
-                acc += adt[(row0 + t) * d.nheads + h];
+                acc += cs[t];
                 cs[t] = acc;
-            }
-            for (unsigned t = 0; t < L; ++t) {
-                dl[t] = expf(acc - cs[t]);
-                ecs[t] = expf(cs[t]);
             }
         }
         __syncthreads();
-        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+        for (unsigned t = tid; t < L; t += M3_SCAN_THREADS) {
+            dl[t] = expf(cs[L - 1] - cs[t]);
+            ecs[t] = expf(cs[t]);
+        }
+        __syncthreads();
+        for (unsigned i = tid; i < L * N; i += M3_SCAN_THREADS) {
             unsigned t = i / N, n = i % N;
             unsigned long long rh = (row0 + t) * d.nheads + h;
             Q[t * NS + n] = (float)q[rh * N + n];
             K[t * NS + n] = sc[t] * (float)k[rh * N + n];
         }
-        for (unsigned i = tid; i < L * P; i += SG_BLOCK) {
+        for (unsigned i = tid; i < L * P; i += M3_SCAN_THREADS) {
             unsigned t = i / P, p = i % P;
             V[i] = (float)proj[(row0 + t) * d.width + d.off_x + h * P + p];
             DY[i] = (float)dy[(row0 + t) * d.d_inner + h * P + p];
         }
         __syncthreads();
-        for (unsigned i = tid; i < L * L; i += SG_BLOCK) {
+        for (unsigned i = tid; i < L * L; i += M3_SCAN_THREADS) {
             unsigned t = i / L, s = i % L;
             if (s < t) {
                 float a = 0.0f, bb = 0.0f;
@@ -226,7 +264,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
                 }
             }
         }
-        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+        for (unsigned i = tid; i < L * N; i += M3_SCAN_THREADS) {
             unsigned t = i / N, n = i % N;
             float acc = 0.0f;
             for (unsigned p = 0; p < P; ++p) {
@@ -236,7 +274,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
         }
         __syncthreads();
         // dq, and the inter-chunk part of dcs.
-        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+        for (unsigned i = tid; i < L * N; i += M3_SCAN_THREADS) {
             unsigned t = i / N, n = i % N;
             float acc = DK[t * NS + n];
             for (unsigned s = 0; s < t; ++s) {
@@ -244,7 +282,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             }
             dq[((row0 + t) * d.nheads + h) * N + n] = acc;
         }
-        for (unsigned t = tid; t < L; t += SG_BLOCK) {
+        for (unsigned t = tid; t < L; t += M3_SCAN_THREADS) {
             float acc = 0.0f;
             for (unsigned n = 0; n < N; ++n) {
                 acc = fmaf(Q[t * NS + n], DK[t * NS + n], acc);
@@ -253,7 +291,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
         }
         __syncthreads();
         // dk~ = intra-chunk part + e^{cs_last - cs_s} G^T v_s.
-        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+        for (unsigned i = tid; i < L * N; i += M3_SCAN_THREADS) {
             unsigned s = i / N, n = i % N;
             float acc = 0.0f;
             for (unsigned t = s + 1; t < L; ++t) {
@@ -266,7 +304,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             DK[s * NS + n] = fmaf(dl[s], gv, acc);
         }
         // dv = intra-chunk part + dg_s dy_s + e^{cs_last - cs_s} G k~_s.
-        for (unsigned i = tid; i < L * P; i += SG_BLOCK) {
+        for (unsigned i = tid; i < L * P; i += M3_SCAN_THREADS) {
             unsigned s = i / P, p = i % P;
             float acc = 0.0f;
             for (unsigned t = s + 1; t < L; ++t) {
@@ -282,17 +320,17 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             dproj[(row0 + s) * d.width + d.off_x + h * P + p] = (T)acc;
         }
         __syncthreads();
-        for (unsigned i = tid; i < L * N; i += SG_BLOCK) {
+        for (unsigned i = tid; i < L * N; i += M3_SCAN_THREADS) {
             unsigned s = i / N, n = i % N;
             dk[((row0 + s) * d.nheads + h) * N + n] = sc[s] * DK[s * NS + n];
         }
         float part = 0.0f;
-        for (unsigned i = tid; i < P * N; i += SG_BLOCK) {
+        for (unsigned i = tid; i < P * N; i += M3_SCAN_THREADS) {
             part = fmaf(G[(i / N) * NS + i % N], st[i], part);
         }
         const float total = expf(cs[L - 1]);
-        const float gs = total * m3_block_sum(part, red);
-        for (unsigned t = tid; t < L; t += SG_BLOCK) {
+        const float gs = total * m3_scan_block_sum(part, red);
+        for (unsigned t = tid; t < L; t += M3_SCAN_THREADS) {
             unsigned long long rh = (row0 + t) * d.nheads + h;
             float pairs = 0.0f;
             for (unsigned s = 0; s < t; ++s) {
@@ -333,7 +371,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             }
         }
         // G <- dL/dS_c = e^{cs_last} G + sum_t e^{cs_t} dy_t q_t^T.
-        for (unsigned i = tid; i < P * N; i += SG_BLOCK) {
+        for (unsigned i = tid; i < P * N; i += M3_SCAN_THREADS) {
             unsigned p = i / N, n = i % N;
             float acc = total * G[p * NS + n];
             for (unsigned t = 0; t < L; ++t) {
@@ -348,7 +386,7 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
     }
 }
 
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+extern "C" __global__ void __launch_bounds__(M3_SCAN_THREADS)
     m3_scan_bwd_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ proj,
                     const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                     const float* __restrict__ qk_raw, const float* __restrict__ dskip,

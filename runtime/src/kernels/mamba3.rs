@@ -395,12 +395,15 @@ pub fn scan_fwd_smem(sh: &Mamba3Shape) -> usize {
 /// Dynamic shared memory of the backward scan, in bytes.
 pub fn scan_bwd_smem(sh: &Mamba3Shape) -> usize {
     let (p, n, c) = (sh.headdim, sh.d_state + 1, sh.chunk);
-    4 * (p * n + 3 * c * n + 3 * c * p + 2 * c * (c + 1) + 8 * c + launch_block())
+    4 * (p * n + 3 * c * n + 3 * c * p + 2 * c * (c + 1) + 8 * c + SCAN_WARPS)
 }
 
-fn launch_block() -> usize {
-    usize::try_from(BLOCK).unwrap_or(256)
-}
+/// Threads per scan block; must equal `M3_SCAN_THREADS` in
+/// `kernels/mamba3_scan.cu` (a unit test checks).
+pub const SCAN_THREADS: u32 = 1024;
+
+/// Warps per scan block (the size of the block-sum staging array).
+const SCAN_WARPS: usize = 32;
 
 /// Most dynamic shared memory a block may opt into on sm_90 (227 KiB).
 pub const MAX_SCAN_SMEM: usize = 232_448;
@@ -456,7 +459,7 @@ pub(crate) fn scan_launch(
     let blocks = to_u32("mamba3: batch * nheads", sh.batch * sh.nheads)?;
     Ok(LaunchConfig {
         grid_dim: (blocks.max(1), 1, 1),
-        block_dim: (BLOCK, 1, 1),
+        block_dim: (SCAN_THREADS, 1, 1),
         shared_mem_bytes: bytes,
     })
 }
@@ -599,4 +602,37 @@ pub fn mean(
     // SAFETY: one block reads x[0 .. n) and writes out[0]; both checked.
     unsafe { b.launch(launch::grid(1)) }.during("launch m3_mean_f32")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_thread_count_matches_the_kernel() {
+        let src = include_str!("../../../kernels/mamba3_scan.cu");
+        assert!(src.contains(&format!("#define M3_SCAN_THREADS {SCAN_THREADS}")));
+        assert_eq!(usize::try_from(SCAN_THREADS / 32).ok(), Some(SCAN_WARPS));
+    }
+
+    #[test]
+    fn default_sized_scans_fit_in_shared_memory() {
+        // The official default (N 128, P 64, chunk 64) must fit on sm_90.
+        let cfg = Mamba3Config {
+            d_model: 256,
+            ..Mamba3Config::default()
+        };
+        let sh = Mamba3Shape::new(&cfg, 2, 256);
+        assert!(
+            scan_fwd_smem(&sh) <= MAX_SCAN_SMEM,
+            "{}",
+            scan_fwd_smem(&sh)
+        );
+        assert!(
+            scan_bwd_smem(&sh) <= MAX_SCAN_SMEM,
+            "{}",
+            scan_bwd_smem(&sh)
+        );
+        assert!(check_smem(scan_bwd_smem(&sh)).is_ok());
+    }
 }
