@@ -37,7 +37,9 @@ fn child_reports(dir: &std::path::Path) -> Vec<String> {
     );
     stdout
         .lines()
-        .filter_map(|l| l.strip_prefix("CACHE-REPORT ").map(str::to_owned))
+        // libtest may print `test kernel_cache_child ... ` on the same line
+        // before the child's first report, so look for the marker anywhere.
+        .filter_map(|l| l.split_once("CACHE-REPORT ").map(|(_, r)| r.to_owned()))
         .collect()
 }
 

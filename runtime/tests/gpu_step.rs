@@ -7,7 +7,6 @@
 // The derive's `verify_ptrs`/`replay_ptrs`/`__from_parts` take one argument
 // per buffer and scratch area (9 here); until the generated code allows this
 // lint itself, allow it for this file.
-#![allow(clippy::too_many_arguments)]
 
 mod gpu_common;
 

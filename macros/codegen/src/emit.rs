@@ -169,6 +169,7 @@ fn emit_views(m: &StepModel<'_>) -> TokenStream {
         #[derive(Clone, Copy)]
         #vis struct #replay<'__sg> { #(#rep_fields,)* }
 
+        #[allow(clippy::too_many_arguments)]
         impl<'__sg> #capture<'__sg> {
             /// Runs the step's ops once, in spec order, without capturing: the
             /// eager baseline and the warm-up before a capture. The capture runs
@@ -274,6 +275,8 @@ fn emit_graph(m: &StepModel<'_>) -> TokenStream {
             #(#scratch_fields,)*
         }
 
+        // Generated signatures take one argument per buffer.
+        #[allow(clippy::too_many_arguments)]
         impl<B: ::stepgraph::graph::Backend> #graph<B> {
             /// The step as declared in its spec.
             pub const INFO: ::stepgraph::graph::StepInfo = #info;
