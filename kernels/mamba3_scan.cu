@@ -46,45 +46,6 @@ __device__ __forceinline__ float m3_scan_block_sum(float v, float* s) {
     return r;
 }
 
-// Rows per register tile of m3_product.
-#define M3_TI 8
-
-// out(i, j) = sum_{k0(i0) <= k < k1(i0)} a(i, k) * b(j, k) for i < I, j < J,
-// handed to sink(i, j, out). Each thread owns tiles of M3_TI consecutive rows
-// and one column; consecutive lanes take consecutive columns, so a(i, k) is a
-// broadcast and b(j, k) a conflict-free (padded or contiguous) load: 9 loads
-// feed 8 FMAs instead of 2 loads per FMA. Tiles with live(i0, j) false are
-// skipped (triangular products). Every output sums k in increasing order.
-template <typename FA, typename FB, typename FK0, typename FK1, typename FL, typename FS>
-__device__ __forceinline__ void m3_product(unsigned I, unsigned J, FA a, FB b, FK0 k0, FK1 k1, FL live, FS sink) {
-    const unsigned ti = (I + M3_TI - 1) / M3_TI;
-    for (unsigned tile = threadIdx.x; tile < ti * J; tile += M3_SCAN_THREADS) {
-        const unsigned i0 = (tile / J) * M3_TI, j = tile % J;
-        if (!live(i0, j)) {
-            continue;
-        }
-        float acc[M3_TI];
-#pragma unroll
-        for (int r = 0; r < M3_TI; ++r) {
-            acc[r] = 0.0f;
-        }
-        const unsigned ke = k1(i0);
-        for (unsigned k = k0(i0); k < ke; ++k) {
-            const float bv = b(j, k);
-#pragma unroll
-            for (unsigned r = 0; r < M3_TI; ++r) {
-                acc[r] = fmaf(i0 + r < I ? a(i0 + r, k) : 0.0f, bv, acc[r]);
-            }
-        }
-#pragma unroll
-        for (unsigned r = 0; r < M3_TI; ++r) {
-            if (i0 + r < I) {
-                sink(i0 + r, j, acc[r]);
-            }
-        }
-    }
-}
-
 __device__ __forceinline__ float m3_scale(const float* dt, const float* lam, unsigned long long rh, unsigned t,
                                           unsigned len, unsigned nheads) {
     float s = lam[rh] * dt[rh];
@@ -110,7 +71,6 @@ __device__ void scan_fwd(const T* __restrict__ q, const T* __restrict__ k, const
     float* cs = W + C * C;     // C
     float* dg = cs + C;        // C
     float* dl = dg + C;        // C, e^{cs_last - cs_s}
-    float* ecs = dl + C;       // C, e^{cs_t}
     const unsigned tid = threadIdx.x;
     const unsigned bh = blockIdx.x, b = bh / d.nheads, h = bh % d.nheads;
     const float dh = dskip[h];
@@ -148,47 +108,49 @@ __device__ void scan_fwd(const T* __restrict__ q, const T* __restrict__ k, const
         __syncthreads();
         for (unsigned t = tid; t < L; t += M3_SCAN_THREADS) {
             dl[t] = expf(cs[L - 1] - cs[t]);
-            ecs[t] = expf(cs[t]);
         }
         float* st = states + ((unsigned long long)bh * d.nchunks + c) * P * N;
         for (unsigned i = tid; i < P * N; i += M3_SCAN_THREADS) {
             st[i] = S[(i / N) * NS + i % N];
         }
+        __syncthreads();
         for (unsigned i = tid; i < L * L; i += M3_SCAN_THREADS) {
-            unsigned t = i / L, s2 = i % L;
-            if (s2 >= t) {
-                W[t * C + s2] = s2 == t ? dg[t] : 0.0f;
+            unsigned t = i / L, s = i % L;
+            float w = 0.0f;
+            if (s < t) {
+                float acc = 0.0f;
+                for (unsigned n = 0; n < N; ++n) {
+                    acc = fmaf(Q[t * NS + n], K[s * NS + n], acc);
+                }
+                w = expf(cs[t] - cs[s]) * acc;
+            } else if (s == t) {
+                w = dg[t];
             }
+            W[t * C + s] = w;
         }
         __syncthreads();
-        auto zero = [](unsigned) { return 0u; };
-        auto always = [](unsigned, unsigned) { return true; };
-        // Strictly-lower scores W[t][s] = e^{cs_t - cs_s} (q_t . k~_s).
-        m3_product(
-            L, L, [&](unsigned t, unsigned n) { return Q[t * NS + n]; },
-            [&](unsigned s2, unsigned n) { return K[s2 * NS + n]; }, zero, [&](unsigned) { return N; },
-            [&](unsigned i0, unsigned s2) { return s2 < i0 + M3_TI - 1; },
-            [&](unsigned t, unsigned s2, float acc) {
-                if (s2 < t) {
-                    W[t * C + s2] = expf(cs[t] - cs[s2]) * acc;
-                }
-            });
+        for (unsigned i = tid; i < L * P; i += M3_SCAN_THREADS) {
+            unsigned t = i / P, p = i % P;
+            float inter = 0.0f;
+            for (unsigned n = 0; n < N; ++n) {
+                inter = fmaf(S[p * NS + n], Q[t * NS + n], inter);
+            }
+            float acc = expf(cs[t]) * inter;
+            for (unsigned s = 0; s <= t; ++s) {
+                acc = fmaf(W[t * C + s], V[s * P + p], acc);
+            }
+            y[(row0 + t) * d.d_inner + h * P + p] = (T)acc;
+        }
         __syncthreads();
-        // y_t = e^{cs_t} S_c q_t + sum_{s <= t} W[t][s] v_s, as one product
-        // over k = [0, N) (state) then [N, N + L) (chunk).
-        m3_product(
-            L, P,
-            [&](unsigned t, unsigned kk) { return kk < N ? ecs[t] * Q[t * NS + kk] : W[t * C + (kk - N)]; },
-            [&](unsigned p, unsigned kk) { return kk < N ? S[p * NS + kk] : V[(kk - N) * P + p]; }, zero,
-            [&](unsigned i0) { return N + min(L, i0 + M3_TI); }, always,
-            [&](unsigned t, unsigned p, float acc) { y[(row0 + t) * d.d_inner + h * P + p] = (T)acc; });
-        __syncthreads();
-        // S <- e^{cs_last} S + sum_s e^{cs_last - cs_s} v_s k~_s^T.
         const float total = expf(cs[L - 1]);
-        m3_product(
-            P, N, [&](unsigned p, unsigned s2) { return dl[s2] * V[s2 * P + p]; },
-            [&](unsigned n, unsigned s2) { return K[s2 * NS + n]; }, zero, [&](unsigned) { return L; }, always,
-            [&](unsigned p, unsigned n, float acc) { S[p * NS + n] = fmaf(total, S[p * NS + n], acc); });
+        for (unsigned i = tid; i < P * N; i += M3_SCAN_THREADS) {
+            unsigned p = i / N, n = i % N;
+            float acc = total * S[p * NS + n];
+            for (unsigned s = 0; s < L; ++s) {
+                acc = fmaf(dl[s] * V[s * P + p], K[s * NS + n], acc);
+            }
+            S[p * NS + n] = acc;
+        }
         __syncthreads();
     }
 }
@@ -215,20 +177,19 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
                          float* __restrict__ dscale, float* __restrict__ dqkdot, float* __restrict__ dskip_part,
                          M3Dims d) {
     extern __shared__ float sm[];
-    const unsigned P = d.headdim, N = d.d_state, C = d.chunk, NS = N + 1, CS = C + 1, PS = P + 1;
+    const unsigned P = d.headdim, N = d.d_state, C = d.chunk, NS = N + 1, CS = C + 1;
     float* G = sm;             // P x NS, dL/dS_{c+1}
     float* Q = G + P * NS;     // C x NS
     float* K = Q + C * NS;     // C x NS, scaled keys
     float* DK = K + C * NS;    // C x NS, scratch: e^{cs_t} S_c^T dy_t, then dk~
-    // C x PS each (rows padded: the pair products walk them by row).
-    float* V = DK + C * NS;
-    float* DY = V + C * PS;
-    float* GK = DY + C * PS;   // e^{cs_last - cs_s} G k~_s
+    float* V = DK + C * NS;    // C x P
+    float* DY = V + C * P;     // C x P
+    float* GK = DY + C * P;    // C x P, e^{cs_last - cs_s} G k~_s
     // C x CS each. Lower triangle (s < t): QK = E_ts (q_t . k~_s) and
     // DV = E_ts (dy_t . v_s), with E_ts = e^{cs_t - cs_s}. QK's upper
     // triangle holds the pair weight w_ts = E_ts (q_t . k~_s)(dy_t . v_s) at
     // [s][t], which drives cs_t up and cs_s down.
-    float* QK = GK + C * PS;
+    float* QK = GK + C * P;
     float* DV = QK + C * CS;
     float* cs = DV + C * CS;   // C
     float* dl = cs + C;        // C, e^{cs_last - cs_s}
@@ -278,66 +239,49 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
         }
         for (unsigned i = tid; i < L * P; i += M3_SCAN_THREADS) {
             unsigned t = i / P, p = i % P;
-            V[t * PS + p] = (float)proj[(row0 + t) * d.width + d.off_x + h * P + p];
-            DY[t * PS + p] = (float)dy[(row0 + t) * d.d_inner + h * P + p];
+            V[i] = (float)proj[(row0 + t) * d.width + d.off_x + h * P + p];
+            DY[i] = (float)dy[(row0 + t) * d.d_inner + h * P + p];
         }
         __syncthreads();
         for (unsigned i = tid; i < L * L; i += M3_SCAN_THREADS) {
             unsigned t = i / L, s = i % L;
-            if (s >= t) {
+            if (s < t) {
+                float a = 0.0f, bb = 0.0f;
+                for (unsigned n = 0; n < N; ++n) {
+                    a = fmaf(Q[t * NS + n], K[s * NS + n], a);
+                }
+                for (unsigned p = 0; p < P; ++p) {
+                    bb = fmaf(DY[t * P + p], V[s * P + p], bb);
+                }
+                const float e = expf(cs[t] - cs[s]);
+                QK[t * CS + s] = e * a;
+                DV[t * CS + s] = e * bb;
+                QK[s * CS + t] = e * a * bb;
+            } else {
                 DV[t * CS + s] = 0.0f;
                 if (s == t) {
                     QK[t * CS + t] = 0.0f;
                 }
             }
         }
-        auto zero = [](unsigned) { return 0u; };
-        auto always = [](unsigned, unsigned) { return true; };
-        auto lower = [&](unsigned i0, unsigned s) { return s < i0 + M3_TI - 1; };
-        // Lower triangles, raw: QK[t][s] = q_t . k~_s, DV[t][s] = dy_t . v_s.
-        m3_product(
-            L, L, [&](unsigned t, unsigned n) { return Q[t * NS + n]; },
-            [&](unsigned s, unsigned n) { return K[s * NS + n]; }, zero, [&](unsigned) { return N; }, lower,
-            [&](unsigned t, unsigned s, float acc) {
-                if (s < t) {
-                    QK[t * CS + s] = acc;
-                }
-            });
-        m3_product(
-            L, L, [&](unsigned t, unsigned p) { return DY[t * PS + p]; },
-            [&](unsigned s, unsigned p) { return V[s * PS + p]; }, zero, [&](unsigned) { return P; }, lower,
-            [&](unsigned t, unsigned s, float acc) {
-                if (s < t) {
-                    DV[t * CS + s] = acc;
-                }
-            });
-        // DK <- e^{cs_t} S_c^T dy_t (S_c read from global memory, coalesced in n).
-        m3_product(
-            L, N, [&](unsigned t, unsigned p) { return DY[t * PS + p]; },
-            [&](unsigned n, unsigned p) { return st[p * N + n]; }, zero, [&](unsigned) { return P; }, always,
-            [&](unsigned t, unsigned n, float acc) { DK[t * NS + n] = ecs[t] * acc; });
-        __syncthreads();
-        // Decay both lower triangles by E_ts and put the pair weight
-        // w_ts = E_ts (q_t . k~_s)(dy_t . v_s) into QK's upper triangle; each
-        // (t, s) cell pair belongs to one thread.
-        for (unsigned i = tid; i < L * L; i += M3_SCAN_THREADS) {
-            unsigned t = i / L, s = i % L;
-            if (s < t) {
-                const float e = expf(cs[t] - cs[s]), qk = QK[t * CS + s], dv = DV[t * CS + s];
-                QK[t * CS + s] = e * qk;
-                DV[t * CS + s] = e * dv;
-                QK[s * CS + t] = e * qk * dv;
+        for (unsigned i = tid; i < L * N; i += M3_SCAN_THREADS) {
+            unsigned t = i / N, n = i % N;
+            float acc = 0.0f;
+            for (unsigned p = 0; p < P; ++p) {
+                acc = fmaf(DY[t * P + p], st[p * N + n], acc);
             }
+            DK[t * NS + n] = ecs[t] * acc;
         }
         __syncthreads();
-        // dq = e^{cs_t} S_c^T dy_t + sum_{s<t} DV[t][s] k~_s.
-        m3_product(
-            L, N, [&](unsigned t, unsigned s) { return DV[t * CS + s]; },
-            [&](unsigned n, unsigned s) { return K[s * NS + n]; }, zero,
-            [&](unsigned i0) { return min(L, i0 + M3_TI); }, always,
-            [&](unsigned t, unsigned n, float acc) {
-                dq[((row0 + t) * d.nheads + h) * N + n] = DK[t * NS + n] + acc;
-            });
+        // dq, and the inter-chunk part of dcs.
+        for (unsigned i = tid; i < L * N; i += M3_SCAN_THREADS) {
+            unsigned t = i / N, n = i % N;
+            float acc = DK[t * NS + n];
+            for (unsigned s = 0; s < t; ++s) {
+                acc = fmaf(DV[t * CS + s], K[s * NS + n], acc);
+            }
+            dq[((row0 + t) * d.nheads + h) * N + n] = acc;
+        }
         for (unsigned t = tid; t < L; t += M3_SCAN_THREADS) {
             float acc = 0.0f;
             for (unsigned n = 0; n < N; ++n) {
@@ -346,29 +290,35 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             dcs[t] = acc;
         }
         __syncthreads();
-        // dk~_s = sum_{t>s} DV[t][s] q_t + e^{cs_last - cs_s} G^T v_s, as one
-        // product over k = [0, L) then [L, L + P).
-        m3_product(
-            L, N,
-            [&](unsigned s, unsigned kk) { return kk < L ? DV[kk * CS + s] : dl[s] * V[s * PS + (kk - L)]; },
-            [&](unsigned n, unsigned kk) { return kk < L ? Q[kk * NS + n] : G[(kk - L) * NS + n]; },
-            [&](unsigned i0) { return i0 + 1; }, [&](unsigned) { return L + P; }, always,
-            [&](unsigned s, unsigned n, float acc) { DK[s * NS + n] = acc; });
-        // GK[s][p] = e^{cs_last - cs_s} G k~_s.
-        m3_product(
-            L, P, [&](unsigned s, unsigned n) { return K[s * NS + n]; },
-            [&](unsigned p, unsigned n) { return G[p * NS + n]; }, zero, [&](unsigned) { return N; }, always,
-            [&](unsigned s, unsigned p, float acc) { GK[s * PS + p] = dl[s] * acc; });
-        __syncthreads();
-        // dv = sum_{t>s} QK[t][s] dy_t + dg_s dy_s + GK[s].
-        m3_product(
-            L, P, [&](unsigned s, unsigned t) { return t > s ? QK[t * CS + s] : 0.0f; },
-            [&](unsigned p, unsigned t) { return DY[t * PS + p]; }, [&](unsigned i0) { return i0 + 1; },
-            [&](unsigned) { return L; }, always,
-            [&](unsigned s, unsigned p, float acc) {
-                dproj[(row0 + s) * d.width + d.off_x + h * P + p] =
-                    (T)(fmaf(dg[s], DY[s * PS + p], acc) + GK[s * PS + p]);
-            });
+        // dk~ = intra-chunk part + e^{cs_last - cs_s} G^T v_s.
+        for (unsigned i = tid; i < L * N; i += M3_SCAN_THREADS) {
+            unsigned s = i / N, n = i % N;
+            float acc = 0.0f;
+            for (unsigned t = s + 1; t < L; ++t) {
+                acc = fmaf(DV[t * CS + s], Q[t * NS + n], acc);
+            }
+            float gv = 0.0f;
+            for (unsigned p = 0; p < P; ++p) {
+                gv = fmaf(G[p * NS + n], V[s * P + p], gv);
+            }
+            DK[s * NS + n] = fmaf(dl[s], gv, acc);
+        }
+        // dv = intra-chunk part + dg_s dy_s + e^{cs_last - cs_s} G k~_s.
+        for (unsigned i = tid; i < L * P; i += M3_SCAN_THREADS) {
+            unsigned s = i / P, p = i % P;
+            float acc = 0.0f;
+            for (unsigned t = s + 1; t < L; ++t) {
+                acc = fmaf(QK[t * CS + s], DY[t * P + p], acc);
+            }
+            float gk = 0.0f;
+            for (unsigned n = 0; n < N; ++n) {
+                gk = fmaf(G[p * NS + n], K[s * NS + n], gk);
+            }
+            gk *= dl[s];
+            GK[s * P + p] = gk;
+            acc = fmaf(dg[s], DY[s * P + p], acc) + gk;
+            dproj[(row0 + s) * d.width + d.off_x + h * P + p] = (T)acc;
+        }
         __syncthreads();
         for (unsigned i = tid; i < L * N; i += M3_SCAN_THREADS) {
             unsigned s = i / N, n = i % N;
@@ -391,8 +341,8 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             }
             float vg = 0.0f, yv = 0.0f;
             for (unsigned p = 0; p < P; ++p) {
-                vg = fmaf(V[t * PS + p], GK[t * PS + p], vg);
-                yv = fmaf(DY[t * PS + p], V[t * PS + p], yv);
+                vg = fmaf(V[t * P + p], GK[t * P + p], vg);
+                yv = fmaf(DY[t * P + p], V[t * P + p], yv);
             }
             float ds = 0.0f;
             for (unsigned n = 0; n < N; ++n) {
@@ -421,10 +371,14 @@ __device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const
             }
         }
         // G <- dL/dS_c = e^{cs_last} G + sum_t e^{cs_t} dy_t q_t^T.
-        m3_product(
-            P, N, [&](unsigned p, unsigned t) { return ecs[t] * DY[t * PS + p]; },
-            [&](unsigned n, unsigned t) { return Q[t * NS + n]; }, zero, [&](unsigned) { return L; }, always,
-            [&](unsigned p, unsigned n, float acc) { G[p * NS + n] = fmaf(total, G[p * NS + n], acc); });
+        for (unsigned i = tid; i < P * N; i += M3_SCAN_THREADS) {
+            unsigned p = i / N, n = i % N;
+            float acc = total * G[p * NS + n];
+            for (unsigned t = 0; t < L; ++t) {
+                acc = fmaf(ecs[t] * DY[t * P + p], Q[t * NS + n], acc);
+            }
+            G[p * NS + n] = acc;
+        }
         __syncthreads();
     }
     if (tid == 0) {

@@ -389,13 +389,13 @@ pub type ScanScalars<'a> = [&'a DeviceBuffer<f32>; 4];
 /// Dynamic shared memory of the forward scan, in bytes.
 pub fn scan_fwd_smem(sh: &Mamba3Shape) -> usize {
     let (p, n, c) = (sh.headdim, sh.d_state + 1, sh.chunk);
-    4 * (p * n + 2 * c * n + c * p + c * c + 4 * c)
+    4 * (p * n + 2 * c * n + c * p + c * c + 3 * c)
 }
 
 /// Dynamic shared memory of the backward scan, in bytes.
 pub fn scan_bwd_smem(sh: &Mamba3Shape) -> usize {
     let (p, n, c) = (sh.headdim, sh.d_state + 1, sh.chunk);
-    4 * (p * n + 3 * c * n + 3 * c * (p + 1) + 2 * c * (c + 1) + 8 * c + SCAN_WARPS)
+    4 * (p * n + 3 * c * n + 3 * c * p + 2 * c * (c + 1) + 8 * c + SCAN_WARPS)
 }
 
 /// Threads per scan block; must equal `M3_SCAN_THREADS` in
