@@ -3,10 +3,6 @@
 //! (capture, guarded replay) and `F32Step::run_eager`, all calling the same
 //! op functions in spec order.
 
-// The generated capture constructor takes the context plus one argument per
-// spec buffer; that is the spec's shape, not a design choice made here.
-#![allow(clippy::too_many_arguments)]
-
 use crate::TrainingGraph;
 use crate::device::{DeviceBuffer, Gpu};
 use crate::mamba3::Mamba3Config;
