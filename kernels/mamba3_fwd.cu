@@ -6,6 +6,7 @@
 //
 // Layouts (row = b * T + t): per-token tensors are [rows, ...]; per-head
 // scalars are [rows, H]; queries/keys are [rows, H, N]; angles [rows, H, S].
+#include <cuda_bf16.h>
 #include "mamba3_common.cuh"
 
 // h[row, :] = emb[tokens[b, t], :]. An id outside [0, vocab) yields a NaN row
@@ -31,8 +32,10 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
 }
 
 // One block per row: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps).
-template <typename T>
-__device__ void rmsnorm_fwd(const T* __restrict__ x, const float* __restrict__ w, T* __restrict__ y,
+// The statistics are f32 whatever the storage; TY is the storage of y, which
+// feeds a GEMM (bf16 in the mixed step) while the residual x stays f32.
+template <typename T, typename TY>
+__device__ void rmsnorm_fwd(const T* __restrict__ x, const float* __restrict__ w, TY* __restrict__ y,
                             float* __restrict__ rstd, unsigned width, float eps, unsigned rows) {
     __shared__ float s[SG_BLOCK];
     for (unsigned row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -44,9 +47,9 @@ __device__ void rmsnorm_fwd(const T* __restrict__ x, const float* __restrict__ w
         }
         float ss = m3_block_sum(acc, s);
         float r = 1.0f / sqrtf(ss / (float)width + eps);
-        T* yr = y + (unsigned long long)row * width;
+        TY* yr = y + (unsigned long long)row * width;
         for (unsigned j = threadIdx.x; j < width; j += SG_BLOCK) {
-            yr[j] = (T)((float)xr[j] * r * w[j]);
+            yr[j] = (TY)((float)xr[j] * r * w[j]);
         }
         if (threadIdx.x == 0) {
             rstd[row] = r;
@@ -57,7 +60,14 @@ __device__ void rmsnorm_fwd(const T* __restrict__ x, const float* __restrict__ w
 extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     m3_rmsnorm_fwd_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                        float* __restrict__ rstd, unsigned width, float eps, unsigned rows) {
-    rmsnorm_fwd<float>(x, w, y, rstd, width, eps, rows);
+    rmsnorm_fwd<float, float>(x, w, y, rstd, width, eps, rows);
+}
+
+// The mixed step's norms: f32 residual in, bf16 GEMM operand out.
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_rmsnorm_fwd_bf16(const float* __restrict__ x, const float* __restrict__ w, __nv_bfloat16* __restrict__ y,
+                        float* __restrict__ rstd, unsigned width, float eps, unsigned rows) {
+    rmsnorm_fwd<float, __nv_bfloat16>(x, w, y, rstd, width, eps, rows);
 }
 
 // One block per row of the in_proj output: reciprocal RMS of every B and C
@@ -204,10 +214,11 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
 
 // One warp per (row, head): o = y' * silu(z), y' = y, or with the output norm
 // y' = RMSNorm_P(y) w (its reciprocal RMS kept in gate_rstd). `has_norm` = 0
-// ignores `norm_w` and `gate_rstd`.
-template <typename T>
+// ignores `norm_w` and `gate_rstd`. TO is the storage of o, the out_proj
+// GEMM operand.
+template <typename T, typename TO>
 __device__ void gate_fwd(const T* __restrict__ y, const T* __restrict__ proj, const float* __restrict__ norm_w,
-                         T* __restrict__ o, float* __restrict__ gate_rstd, unsigned has_norm, M3Dims d) {
+                         TO* __restrict__ o, float* __restrict__ gate_rstd, unsigned has_norm, M3Dims d) {
     const unsigned lane = threadIdx.x % 32;
     const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
     const unsigned long long total = (unsigned long long)d.rows * d.nheads;
@@ -217,7 +228,7 @@ __device__ void gate_fwd(const T* __restrict__ y, const T* __restrict__ proj, co
         unsigned h = (unsigned)(w % d.nheads);
         const T* yr = y + row * d.d_inner + (unsigned long long)h * d.headdim;
         const T* zr = proj + row * d.width + d.off_z + (unsigned long long)h * d.headdim;
-        T* orow = o + row * d.d_inner + (unsigned long long)h * d.headdim;
+        TO* orow = o + row * d.d_inner + (unsigned long long)h * d.headdim;
         float r = 1.0f;
         if (has_norm) {
             float acc = 0.0f;
@@ -234,7 +245,7 @@ __device__ void gate_fwd(const T* __restrict__ y, const T* __restrict__ proj, co
         for (unsigned j = lane; j < d.headdim; j += 32) {
             float yv = (float)yr[j];
             float yn = has_norm ? yv * r * norm_w[h * d.headdim + j] : yv;
-            orow[j] = (T)(yn * m3_silu((float)zr[j]));
+            orow[j] = (TO)(yn * m3_silu((float)zr[j]));
         }
     }
 }
@@ -242,7 +253,14 @@ __device__ void gate_fwd(const T* __restrict__ y, const T* __restrict__ proj, co
 extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     m3_gate_fwd_f32(const float* __restrict__ y, const float* __restrict__ proj, const float* __restrict__ norm_w,
                     float* __restrict__ o, float* __restrict__ gate_rstd, unsigned has_norm, M3Dims d) {
-    gate_fwd<float>(y, proj, norm_w, o, gate_rstd, has_norm, d);
+    gate_fwd<float, float>(y, proj, norm_w, o, gate_rstd, has_norm, d);
+}
+
+// The mixed step's gate: f32 scan output and z in, bf16 GEMM operand out.
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_gate_fwd_bf16(const float* __restrict__ y, const float* __restrict__ proj, const float* __restrict__ norm_w,
+                     __nv_bfloat16* __restrict__ o, float* __restrict__ gate_rstd, unsigned has_norm, M3Dims d) {
+    gate_fwd<float, __nv_bfloat16>(y, proj, norm_w, o, gate_rstd, has_norm, d);
 }
 
 // One block per row: lse = log sum exp(logits), row_loss = lse - logit[target]

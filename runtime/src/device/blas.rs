@@ -334,6 +334,35 @@ impl Gpu {
         self.gemm_ex(g, [a.len(), b.len(), c.len()], args)
     }
 
+    /// bf16 GEMM with f32 accumulation and an f32 result whose A operand is
+    /// an f32 tensor (a gradient accumulated in f32): A is rounded to bf16
+    /// into the `half_staging` scratch area first, then multiplied. The area
+    /// must already be large enough when this runs under a capture (growth
+    /// there is refused, see [`Gpu::presize_scratch`]). Capturable.
+    pub fn gemm_bf16_f32_staged_a(
+        &self,
+        g: &Gemm,
+        a: &DeviceBuffer<f32>,
+        b: &DeviceBuffer<bf16>,
+        c: &mut DeviceBuffer<f32>,
+    ) -> Result<(), GpuError> {
+        self.check_owned("GEMM A (f32, staged)", a)?;
+        self.check_owned("GEMM B", b)?;
+        self.check_owned("GEMM C", c)?;
+        let mut stage = self.scratch_view::<bf16>(super::HALF_STAGING, a.len())?;
+        crate::kernels::elementwise::f32_to_bf16_staged(self, a, &mut stage)?;
+        let args = GemmEx {
+            a: stage.device_addr()?,
+            b: b.device_addr(),
+            c: c.device_addr(),
+            ab_type: blas_sys::cudaDataType::CUDA_R_16BF,
+            c_type: blas_sys::cudaDataType::CUDA_R_32F,
+            compute: blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        };
+        // The staging view holds exactly a.len() bf16s, so A's length is a's.
+        self.gemm_ex(g, [stage.len(), b.len(), c.len()], args)
+    }
+
     fn gemm_args<T: Element, U: Element>(
         &self,
         a: &DeviceBuffer<T>,

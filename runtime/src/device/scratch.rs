@@ -105,6 +105,14 @@ impl<T: Element> ScratchGuard<'_, T> {
         self.len == 0
     }
 
+    /// Device address of the view's first element (for cuBLAS operands).
+    pub(crate) fn device_addr(&self) -> Result<u64, GpuError> {
+        self.buf
+            .as_ref()
+            .map(DeviceBuffer::device_addr)
+            .ok_or(GpuError::CaptureState("scratch area not allocated"))
+    }
+
     /// The view, for a launch builder argument.
     pub(crate) fn view_mut(&mut self) -> Result<CudaViewMut<'_, T>, GpuError> {
         let len = self.len;

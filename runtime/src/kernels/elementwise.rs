@@ -9,7 +9,7 @@ use cudarc::driver::PushKernelArg as _;
 
 use super::launch::{self, MAX_ELEMENTWISE_BLOCKS};
 use crate::device::error::During as _;
-use crate::device::{DeviceBuffer, Gpu, GpuError, to_u32};
+use crate::device::{DeviceBuffer, Gpu, GpuError, ScratchGuard, to_u32};
 
 fn same_len(what: &'static str, expected: usize, actual: usize) -> Result<(), GpuError> {
     if expected == actual {
@@ -150,6 +150,31 @@ pub fn f32_to_bf16(
     // hold n elements (checked).
     unsafe { b.launch(launch::grid(launch::blocks(n, MAX_ELEMENTWISE_BLOCKS))) }
         .during("launch f32_to_bf16")?;
+    Ok(())
+}
+
+/// `stage[i] = bf16(x[i])` into a borrowed scratch view of `x.len()`
+/// elements: the downcast of an f32 gradient feeding a bf16 GEMM.
+pub(crate) fn f32_to_bf16_staged(
+    gpu: &Gpu,
+    x: &DeviceBuffer<f32>,
+    stage: &mut ScratchGuard<'_, bf16>,
+) -> Result<(), GpuError> {
+    gpu.check_owned("f32_to_bf16 (staged): x", x)?;
+    same_len("f32_to_bf16 (staged): staging", x.len(), stage.len())?;
+    let n = to_u32("f32_to_bf16 (staged): x.len()", x.len())?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.kernel("f32_to_bf16")?;
+    let mut b = gpu.stream().launch_builder(f);
+    let mut view = stage.view_mut()?;
+    b.arg(x.slice()?).arg(&mut view).arg(&n);
+    // SAFETY: f32_to_bf16(const float* x, __nv_bfloat16* y, unsigned n) reads
+    // n f32s of x and writes n bf16s of the staging view, which is exactly n
+    // elements long (checked above, and `view_mut` re-checks the area's size).
+    unsafe { b.launch(launch::grid(launch::blocks(n, MAX_ELEMENTWISE_BLOCKS))) }
+        .during("launch f32_to_bf16 (staged)")?;
     Ok(())
 }
 

@@ -9,6 +9,7 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg as _};
 
 use super::launch::{self, BLOCK, MAX_ELEMENTWISE_BLOCKS};
+use super::precision::Compute;
 use crate::device::error::During as _;
 use crate::device::{DeviceBuffer, Element, Gpu, GpuError, to_u32};
 use crate::mamba3::{InProjLayout, Mamba3Config};
@@ -226,16 +227,17 @@ pub fn embed_fwd(
     Ok(())
 }
 
-/// Row-wise RMSNorm `y = x * rstd * w` over `rows x width`, keeping `rstd`.
+/// Row-wise RMSNorm `y = x * rstd * w` over `rows x width`, keeping `rstd`
+/// (f32 statistics; `y` in the compute type `T`, a GEMM operand).
 #[allow(clippy::too_many_arguments)]
-pub fn rmsnorm_fwd(
+pub fn rmsnorm_fwd<T: Compute>(
     gpu: &Gpu,
     rows: usize,
     width: usize,
     eps: f32,
     x: &DeviceBuffer<f32>,
     w: &DeviceBuffer<f32>,
-    y: &mut DeviceBuffer<f32>,
+    y: &mut DeviceBuffer<T>,
     rstd: &mut DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
     let n = crate::device::checked_elems("rmsnorm: rows x width", rows, width)?;
@@ -247,7 +249,7 @@ pub fn rmsnorm_fwd(
         to_u32("rmsnorm width", width)?,
         to_u32("rmsnorm rows", rows)?,
     );
-    let f = gpu.kernel("m3_rmsnorm_fwd_f32")?;
+    let f = gpu.kernel(T::RMSNORM_FWD)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(x.slice()?)
         .arg(w.slice()?)
@@ -257,8 +259,10 @@ pub fn rmsnorm_fwd(
         .arg(&eps)
         .arg(&ru);
     // SAFETY: touches x/y[0 .. rows * width), w[0 .. width), rstd[0 .. rows),
-    // all checked above; `&mut y` and `&mut rstd` cannot alias the inputs.
-    unsafe { b.launch(row_blocks(rows)?) }.during("launch m3_rmsnorm_fwd_f32")?;
+    // all checked above; the kernel named by `T::RMSNORM_FWD` writes y as
+    // `T` (f32 or __nv_bfloat16, both matching the Rust element's layout);
+    // `&mut y` and `&mut rstd` cannot alias the inputs.
+    unsafe { b.launch(row_blocks(rows)?) }.during("launch m3_rmsnorm_fwd")?;
     Ok(())
 }
 
@@ -517,15 +521,16 @@ pub fn scan_fwd(
     Ok(())
 }
 
-/// The z gate, optionally with the grouped output RMSNorm (`norm_w`).
+/// The z gate, optionally with the grouped output RMSNorm (`norm_w`); `o`
+/// (the out_proj GEMM operand) in the compute type `T`.
 #[allow(clippy::too_many_arguments)]
-pub fn gate_fwd(
+pub fn gate_fwd<T: Compute>(
     gpu: &Gpu,
     sh: &Mamba3Shape,
     y: &DeviceBuffer<f32>,
     proj: &DeviceBuffer<f32>,
     norm_w: Option<&DeviceBuffer<f32>>,
-    o: &mut DeviceBuffer<f32>,
+    o: &mut DeviceBuffer<T>,
     gate_rstd: &mut DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
     let d = sh.dims()?;
@@ -539,7 +544,7 @@ pub fn gate_fwd(
     }
     // Without the norm the kernel never reads the weight; y stands in.
     let w = norm_w.unwrap_or(y);
-    let f = gpu.kernel("m3_gate_fwd_f32")?;
+    let f = gpu.kernel(T::GATE_FWD)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(y.slice()?)
         .arg(proj.slice()?)
@@ -549,8 +554,9 @@ pub fn gate_fwd(
     b.arg(&has_norm).arg(&d);
     // SAFETY: one warp per (row, head) reads y/proj/norm weight inside the
     // checked lengths (the weight only when has_norm = 1, when it holds
-    // d_inner values) and writes o [rows x d_inner], gate_rstd [rows x H].
-    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_gate_fwd_f32")?;
+    // d_inner values) and writes o [rows x d_inner] (as `T`, the type the
+    // kernel named by `T::GATE_FWD` stores), gate_rstd [rows x H].
+    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_gate_fwd")?;
     Ok(())
 }
 

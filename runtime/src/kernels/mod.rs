@@ -32,6 +32,7 @@ pub mod elementwise;
 pub mod launch;
 pub mod mamba3;
 pub mod mamba3_bwd;
+pub mod precision;
 pub mod reduce;
 mod table;
 
@@ -97,6 +98,8 @@ pub const MODULES: &[Module] = &[
             "m3_angle_fwd_f32",
             "m3_qk_fwd_f32",
             "m3_gate_fwd_f32",
+            "m3_rmsnorm_fwd_bf16",
+            "m3_gate_fwd_bf16",
             "m3_ce_fwd_f32",
             "m3_mean_f32",
         ],

@@ -1,16 +1,18 @@
 //! `stepgraph eval`: mean next-token cross-entropy of a checkpoint on a token
-//! file, on the CPU reference model (or, with `--device cuda`, the f32 GPU
-//! model), optionally with the gradient of that loss for every parameter.
+//! file, on the CPU reference model (or, with `--device cuda`, the GPU model
+//! in f32, or in bf16 mixed precision with `--precision bf16`), optionally
+//! with the gradient of that loss for every parameter.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use stepgraph::device::Gpu;
+use stepgraph::device::{DeviceBuffer, Gpu};
+use stepgraph::mamba3::Mamba3Config;
 use stepgraph::mamba3::checkpoint::{self, CheckpointError};
 use stepgraph::mamba3::cpu::{
     Float, ModelError, ScanMode, TokenError, Tokens, forward, try_backward,
 };
-use stepgraph::mamba3::gpu::{self as gpu_model, Mamba3GpuError};
+use stepgraph::mamba3::gpu::{self as gpu_model, Mamba3GpuError, StepWeights};
 
 /// Arguments of `stepgraph eval`.
 #[derive(clap::Args)]
@@ -21,9 +23,10 @@ pub struct Args {
     /// Safetensors file with one integer tensor `tokens` of shape [B, T+1].
     #[arg(long)]
     tokens: PathBuf,
-    /// Precision of the CPU computation (the GPU computes in f32).
-    #[arg(long, value_enum, default_value_t = Precision::F64)]
-    precision: Precision,
+    /// Precision: f64 or f32 on the CPU; on the GPU f32 (also for f64) or
+    /// bf16 mixed precision (f32 masters, bf16 GEMMs, f32 scan and norms).
+    #[arg(long, value_enum, default_value_t = EvalPrecision::F64)]
+    precision: EvalPrecision,
     /// Where to compute: the CPU reference, or the f32 model on GPU 0.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
@@ -40,6 +43,18 @@ pub enum Precision {
     F64,
     /// float32.
     F32,
+}
+
+/// What `eval` computes in: a [`Precision`] of the CPU model, or bf16 mixed
+/// precision on the GPU.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum EvalPrecision {
+    /// float64 (on the GPU: f32).
+    F64,
+    /// float32.
+    F32,
+    /// bf16 mixed precision (`--device cuda` only).
+    Bf16,
 }
 
 /// Where `eval` computes.
@@ -62,15 +77,18 @@ enum EvalError {
     Tokens { path: PathBuf, source: TokenError },
     #[error(transparent)]
     Gpu(#[from] Mamba3GpuError),
+    #[error("--precision bf16 needs --device cuda (the CPU model computes in f64 or f32)")]
+    Bf16OnCpu,
 }
 
 /// Prints `{"loss": ..., "tokens": ...}` on success (exit 0), one error line
 /// on failure (exit 1).
 pub fn run(args: &Args) -> ExitCode {
     let result = match (args.device, args.precision) {
-        (Device::Cuda, _) => evaluate_cuda(args),
-        (Device::Cpu, Precision::F64) => evaluate::<f64>(args),
-        (Device::Cpu, Precision::F32) => evaluate::<f32>(args),
+        (Device::Cuda, p) => evaluate_cuda(args, matches!(p, EvalPrecision::Bf16)),
+        (Device::Cpu, EvalPrecision::F64) => evaluate::<f64>(args),
+        (Device::Cpu, EvalPrecision::F32) => evaluate::<f32>(args),
+        (Device::Cpu, EvalPrecision::Bf16) => Err(EvalError::Bf16OnCpu),
     };
     match result {
         Ok(line) => {
@@ -100,8 +118,9 @@ fn evaluate<T: Float>(args: &Args) -> Result<String, EvalError> {
     Ok(serde_json::json!({"loss": out.loss, "tokens": tokens.count()}).to_string())
 }
 
-/// The same evaluation with the f32 GPU ops (one forward, one backward).
-fn evaluate_cuda(args: &Args) -> Result<String, EvalError> {
+/// The same evaluation with the GPU ops (one forward, one backward), in f32
+/// or, with `mixed`, in bf16 mixed precision.
+fn evaluate_cuda(args: &Args, mixed: bool) -> Result<String, EvalError> {
     let (cfg, weights) = checkpoint::load::<f32>(&args.checkpoint)?;
     let tokens = read_tokens(&args.tokens, cfg.vocab_size)?;
     let (batch, len) = (tokens.batch(), tokens.len());
@@ -112,25 +131,46 @@ fn evaluate_cuda(args: &Args) -> Result<String, EvalError> {
         .map(|&v| i32::try_from(v).unwrap_or(-1))
         .collect();
     let gpu = Gpu::new(0).map_err(Mamba3GpuError::from)?;
-    let w = gpu_model::Weights::upload(&gpu, &cfg, &weights)?;
-    let mut acts = gpu_model::Acts::new(&gpu, &cfg, batch, len)?;
     let tok = gpu.to_device(&ids).map_err(Mamba3GpuError::from)?;
+    let l = if mixed {
+        let w = gpu_model::MixedWeights::upload(&gpu, &cfg, &weights)?;
+        let mut acts = gpu_model::MixedActs::new(&gpu, &cfg, batch, len)?;
+        gpu_model::presize_staging::<half::bf16>(&gpu, &acts.shape)?;
+        run_cuda(&gpu, &cfg, &w, &tok, &mut acts, args.grads_out.as_deref())?
+    } else {
+        let w = gpu_model::Weights::upload(&gpu, &cfg, &weights)?;
+        let mut acts = gpu_model::Acts::new(&gpu, &cfg, batch, len)?;
+        run_cuda(&gpu, &cfg, &w, &tok, &mut acts, args.grads_out.as_deref())?
+    };
+    Ok(serde_json::json!({"loss": f64::from(l), "tokens": tokens.count()}).to_string())
+}
+
+/// Forward (and with `grads_out` backward) through the generic GPU bodies;
+/// returns the loss.
+fn run_cuda<W: StepWeights>(
+    gpu: &Gpu,
+    cfg: &Mamba3Config,
+    w: &W,
+    tok: &DeviceBuffer<i32>,
+    acts: &mut gpu_model::Acts<DeviceBuffer<W::T>>,
+    grads_out: Option<&Path>,
+) -> Result<f32, EvalError> {
+    let (batch, len) = acts.batch_len();
     let mut loss = gpu.alloc_zeros::<f32>(1).map_err(Mamba3GpuError::from)?;
-    gpu_model::forward(&gpu, &w, &tok, &mut acts, &mut loss)?;
-    if let Some(path) = &args.grads_out {
-        let mut grads = gpu_model::Grads::new(&gpu, &cfg, batch, len)?;
-        gpu_model::backward(&gpu, &w, &tok, &acts, &mut grads)?;
-        let g = grads.download(&gpu)?;
+    gpu_model::forward_with(gpu, w, tok, acts, &mut loss)?;
+    if let Some(path) = grads_out {
+        let mut grads = gpu_model::Grads::new(gpu, cfg, batch, len)?;
+        gpu_model::backward_with(gpu, w, tok, acts, &mut grads)?;
+        let g = grads.download(gpu)?;
         let named: Vec<(String, Vec<usize>, &[f32])> = g
-            .named(&cfg)
+            .named(cfg)
             .into_iter()
             .map(|(spec, data)| (spec.name, spec.shape, data))
             .collect();
         checkpoint::write_tensors(path, &named)?;
     }
     let l = gpu.to_host(&loss).map_err(Mamba3GpuError::from)?;
-    let l = l.first().copied().unwrap_or(f32::NAN);
-    Ok(serde_json::json!({"loss": f64::from(l), "tokens": tokens.count()}).to_string())
+    Ok(l.first().copied().unwrap_or(f32::NAN))
 }
 
 fn read_tokens(path: &Path, vocab_size: usize) -> Result<Tokens, EvalError> {

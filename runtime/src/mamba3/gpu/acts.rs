@@ -5,17 +5,32 @@
 //! Layouts (row = b * T + t): per-token `[rows, width]`; per-head scalars
 //! `[rows, H]`; queries/keys `[rows, H, N]`; angles `[rows, H, S]`; scan
 //! chunk-entry states `[B, H, nchunks, P, N]`.
+//!
+//! The three activations that feed a GEMM (`u`, `o`, `normed`) are stored in
+//! the step's compute type: the buffer type parameter `B` is
+//! `DeviceBuffer<f32>` for the f32 step ([`Acts`]) and `DeviceBuffer<bf16>`
+//! for the mixed step ([`MixedActs`]); everything else is f32 in both.
 
 use crate::DevicePtrs;
-use crate::device::{DeviceBuffer, Gpu, GpuError};
+use half::bf16;
+
+use crate::device::{DeviceBuffer, Element, Gpu, GpuError};
 use crate::kernels::mamba3::Mamba3Shape;
 use crate::kernels::mamba3_bwd::colsum_partials;
+use crate::kernels::precision::Compute;
 use crate::mamba3::Mamba3Config;
 
 use super::Mamba3GpuError;
 
 fn buf(gpu: &Gpu, n: Result<usize, GpuError>) -> Result<DeviceBuffer<f32>, Mamba3GpuError> {
     Ok(gpu.alloc_zeros::<f32>(n?)?)
+}
+
+fn buf_of<T: Element>(
+    gpu: &Gpu,
+    n: Result<usize, GpuError>,
+) -> Result<DeviceBuffer<T>, Mamba3GpuError> {
+    Ok(gpu.alloc_zeros::<T>(n?)?)
 }
 
 /// Checks the config and a non-empty window, and returns the shape.
@@ -35,15 +50,15 @@ pub(crate) fn shape_of(
     Ok(Mamba3Shape::new(cfg, batch, seq_len))
 }
 
-/// One block's forward activations.
+/// One block's forward activations; `B` is the storage of the GEMM operands.
 #[derive(Debug, DevicePtrs)]
-pub struct LayerActs {
+pub struct LayerActs<B = DeviceBuffer<f32>> {
     /// Residual stream entering the block `[rows, d_model]`.
     pub h_in: DeviceBuffer<f32>,
     /// Reciprocal RMS of the pre-norm `[rows]`.
     pub rstd: DeviceBuffer<f32>,
-    /// Mixer input (pre-normed residual) `[rows, d_model]`.
-    pub u: DeviceBuffer<f32>,
+    /// Mixer input (pre-normed residual, in_proj operand) `[rows, d_model]`.
+    pub u: B,
     /// `in_proj` output `[rows, E]`.
     pub proj: DeviceBuffer<f32>,
     /// Reciprocal RMS of each B group `[rows, G]`.
@@ -73,16 +88,16 @@ pub struct LayerActs {
     /// Per-head reciprocal RMS of y `[rows, H]` (written with `is_outproj_norm`).
     pub gate_rstd: DeviceBuffer<f32>,
     /// Gated output fed to `out_proj` `[rows, d_inner]`.
-    pub o: DeviceBuffer<f32>,
+    pub o: B,
 }
 
-impl LayerActs {
+impl<T: Compute> LayerActs<DeviceBuffer<T>> {
     fn new(gpu: &Gpu, sh: &Mamba3Shape) -> Result<Self, Mamba3GpuError> {
         let states = sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state;
         Ok(Self {
             h_in: buf(gpu, sh.per_row(sh.d_model))?,
             rstd: buf(gpu, Ok(sh.rows))?,
-            u: buf(gpu, sh.per_row(sh.d_model))?,
+            u: buf_of(gpu, sh.per_row(sh.d_model))?,
             proj: buf(gpu, sh.per_row(sh.width))?,
             rstd_b: buf(gpu, sh.per_row(sh.ngroups))?,
             rstd_c: buf(gpu, sh.per_row(sh.ngroups))?,
@@ -97,25 +112,26 @@ impl LayerActs {
             states: buf(gpu, Ok(states))?,
             y: buf(gpu, sh.per_row(sh.d_inner))?,
             gate_rstd: buf(gpu, sh.per_row(sh.nheads))?,
-            o: buf(gpu, sh.per_row(sh.d_inner))?,
+            o: buf_of(gpu, sh.per_row(sh.d_inner))?,
         })
     }
 }
 
-/// Everything the forward pass keeps, for one (batch, seq_len).
+/// Everything the forward pass keeps, for one (batch, seq_len); `B` is the
+/// storage of the GEMM operands (f32 by default).
 #[derive(Debug, DevicePtrs)]
-pub struct Acts {
+pub struct Acts<B = DeviceBuffer<f32>> {
     /// The shape every buffer is sized for.
     #[ptrs(skip)]
     pub shape: Mamba3Shape,
     /// One entry per block.
-    pub layers: Vec<LayerActs>,
+    pub layers: Vec<LayerActs<B>>,
     /// Residual stream after the last block `[rows, d_model]`.
     pub h_final: DeviceBuffer<f32>,
     /// Reciprocal RMS of `norm_f` `[rows]`.
     pub rstd_f: DeviceBuffer<f32>,
-    /// `norm_f` output `[rows, d_model]`.
-    pub normed: DeviceBuffer<f32>,
+    /// `norm_f` output (LM head operand) `[rows, d_model]`.
+    pub normed: B,
     /// Logits `[rows, V]` (padded vocabulary).
     pub logits: DeviceBuffer<f32>,
     /// Per-row log-sum-exp `[rows]`.
@@ -124,7 +140,10 @@ pub struct Acts {
     pub row_loss: DeviceBuffer<f32>,
 }
 
-impl Acts {
+/// The mixed step's activations: bf16 GEMM operands, f32 otherwise.
+pub type MixedActs = Acts<DeviceBuffer<bf16>>;
+
+impl<T: Compute> Acts<DeviceBuffer<T>> {
     /// Activations for `batch x seq_len` windows of a model with config `cfg`.
     pub fn new(
         gpu: &Gpu,
@@ -143,7 +162,7 @@ impl Acts {
             layers,
             h_final: buf(gpu, sh.per_row(sh.d_model))?,
             rstd_f: buf(gpu, Ok(sh.rows))?,
-            normed: buf(gpu, sh.per_row(sh.d_model))?,
+            normed: buf_of(gpu, sh.per_row(sh.d_model))?,
             logits: buf(gpu, sh.per_row(sh.vocab))?,
             lse: buf(gpu, Ok(sh.rows))?,
             row_loss: buf(gpu, Ok(sh.rows))?,

@@ -5,14 +5,20 @@
 //! there), except the tied embedding, whose LM-head share is written first
 //! and the token scatter added after; so the op does not depend on
 //! `zero_grads` having run.
+//!
+//! One body, [`backward_with`], generic over the compute type: every GEMM's
+//! A operand is an f32 gradient (staged to bf16 by `Compute::gemm_grad` in
+//! the mixed step), its B operand an activation or weight copy in the
+//! compute type; gradients come out in f32.
 
 use crate::device::{DeviceBuffer, Gemm, Gpu};
 use crate::kernels::mamba3::Mamba3Shape;
 use crate::kernels::mamba3_bwd::{self as kb, ScanGrads};
+use crate::kernels::precision::Compute;
 
 use super::acts::{BackwardWork, LayerActs};
 use super::forward::check_step;
-use super::weights::{Grads, LayerWeights};
+use super::weights::{Grads, LayerWeights, StepWeights};
 use super::{Acts, Mamba3GpuError, Weights};
 
 /// Backward pass for the window `forward` last ran on.
@@ -23,6 +29,18 @@ pub fn backward(
     acts: &Acts,
     grads: &mut Grads,
 ) -> Result<(), Mamba3GpuError> {
+    backward_with(gpu, w, tokens, acts, grads)
+}
+
+/// The backward body for any compute type (see the module docs).
+pub fn backward_with<W: StepWeights>(
+    gpu: &Gpu,
+    weights: &W,
+    tokens: &DeviceBuffer<i32>,
+    acts: &Acts<DeviceBuffer<W::T>>,
+    grads: &mut Grads,
+) -> Result<(), Mamba3GpuError> {
+    let w = weights.master();
     check_step(w, tokens, acts)?;
     let sh = acts.shape;
     if grads.work.shape != sh {
@@ -39,7 +57,8 @@ pub fn backward(
     kb::ce_bwd(gpu, &sh, &acts.logits, &acts.lse, tokens, &mut work.dlogits)?;
     if g.lm_head.is_none() {
         // Tied: the head's share is written here, the scatter adds to it.
-        gpu.gemm_f32(
+        W::T::gemm_grad(
+            gpu,
             &Gemm::new(vocab, dm, rows).trans_a(),
             &work.dlogits,
             &acts.normed,
@@ -48,7 +67,8 @@ pub fn backward(
     } else {
         gpu.zero(&mut g.embedding)?;
         if let Some(gh) = g.lm_head.as_mut() {
-            gpu.gemm_f32(
+            W::T::gemm_grad(
+                gpu,
                 &Gemm::new(vocab, dm, rows).trans_a(),
                 &work.dlogits,
                 &acts.normed,
@@ -56,10 +76,11 @@ pub fn backward(
             )?;
         }
     }
-    gpu.gemm_f32(
+    W::T::gemm_grad(
+        gpu,
         &Gemm::new(rows, dm, vocab),
         &work.dlogits,
-        w.head(),
+        weights.head_gemm(),
         &mut work.dnorm,
     )?;
     kb::rmsnorm_bwd(
@@ -85,14 +106,16 @@ pub fn backward(
         &mut g.norm_f,
     )?;
 
-    for ((lw, lg), la) in w
+    for (l, ((lw, lg), la)) in w
         .layers
         .iter()
         .zip(g.layers.iter_mut())
         .zip(&acts.layers)
+        .enumerate()
         .rev()
     {
-        mixer_backward(gpu, &sh, lw, la, lg, work)?;
+        let gemm_w = weights.layer_gemm(l)?;
+        mixer_backward(gpu, &sh, lw, gemm_w, la, lg, work)?;
     }
     kb::embed_bwd(gpu, &sh, tokens, &work.dh, &mut g.embedding)?;
     Ok(())
@@ -100,14 +123,17 @@ pub fn backward(
 
 /// One block in reverse: adds the block's input gradient into `work.dh` and
 /// writes its parameter gradients into `lg`.
-fn mixer_backward(
+/// `gemm_w` holds the block's `[in_proj, out_proj]` in the compute type.
+fn mixer_backward<T: Compute>(
     gpu: &Gpu,
     sh: &Mamba3Shape,
     lw: &LayerWeights,
-    la: &LayerActs,
+    gemm_w: [&DeviceBuffer<T>; 2],
+    la: &LayerActs<DeviceBuffer<T>>,
     lg: &mut LayerWeights,
     work: &mut BackwardWork,
 ) -> Result<(), Mamba3GpuError> {
+    let [w_in, w_out] = gemm_w;
     let (rows, dm, di, e) = (sh.rows, sh.d_model, sh.d_inner, sh.width);
     let (nh, n, ng) = (sh.nheads, sh.d_state, sh.ngroups);
     let BackwardWork {
@@ -130,13 +156,14 @@ fn mixer_backward(
     } = work;
 
     // out = o W_out^T
-    gpu.gemm_f32(
+    T::gemm_grad(
+        gpu,
         &Gemm::new(dm, di, rows).trans_a(),
         dh,
         &la.o,
         &mut lg.out_proj,
     )?;
-    gpu.gemm_f32(&Gemm::new(rows, di, dm), dh, &lw.out_proj, d_o)?;
+    T::gemm_grad(gpu, &Gemm::new(rows, di, dm), dh, w_out, d_o)?;
     kb::gate_bwd(
         gpu,
         sh,
@@ -220,13 +247,14 @@ fn mixer_backward(
     kb::colsum(gpu, contrib_c, rows * ng, n, n, 0, partials, &mut lg.c_norm)?;
 
     // proj = u W_in^T
-    gpu.gemm_f32(
+    T::gemm_grad(
+        gpu,
         &Gemm::new(e, dm, rows).trans_a(),
         dproj,
         &la.u,
         &mut lg.in_proj,
     )?;
-    gpu.gemm_f32(&Gemm::new(rows, dm, e), dproj, &lw.in_proj, dnorm)?;
+    T::gemm_grad(gpu, &Gemm::new(rows, dm, e), dproj, w_in, dnorm)?;
     kb::rmsnorm_bwd(
         gpu, rows, dm, &la.h_in, &lw.norm, &la.rstd, dnorm, dh, contrib, true,
     )?;

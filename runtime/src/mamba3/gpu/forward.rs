@@ -1,10 +1,14 @@
 //! The forward op (tokens -> loss, keeping activations) and `zero_grads`.
+//!
+//! One body, [`forward_with`], generic over the weights' compute type: the
+//! f32 op [`forward`] and the mixed op `forward_mixed` both call it.
 
 use crate::device::{DeviceBuffer, Gemm, Gpu};
 use crate::kernels::mamba3 as k;
+use crate::kernels::precision::Compute;
 
 use super::acts::{Acts, LayerActs};
-use super::weights::{Grads, LayerWeights, Weights};
+use super::weights::{Grads, LayerWeights, StepWeights, Weights};
 use super::{Mamba3GpuError, same};
 
 /// Zeroes every parameter gradient (memset nodes under capture).
@@ -16,10 +20,10 @@ pub fn zero_grads(gpu: &Gpu, grads: &mut Grads) -> Result<(), Mamba3GpuError> {
 }
 
 /// Checks that weights, tokens and activations describe the same step.
-pub(crate) fn check_step(
+pub(crate) fn check_step<B>(
     w: &Weights,
     tokens: &DeviceBuffer<i32>,
-    acts: &Acts,
+    acts: &Acts<B>,
 ) -> Result<(), Mamba3GpuError> {
     let sh = &acts.shape;
     let expect = super::acts::shape_of(&w.cfg, sh.batch, sh.len)?;
@@ -53,11 +57,26 @@ pub fn forward(
     acts: &mut Acts,
     loss: &mut DeviceBuffer<f32>,
 ) -> Result<(), Mamba3GpuError> {
+    forward_with(gpu, w, tokens, acts, loss)
+}
+
+/// The forward body for any compute type: `W::T` is what the GEMM operands
+/// (weights' compute copies, `u`, `o`, `normed`) are stored in.
+pub fn forward_with<W: StepWeights>(
+    gpu: &Gpu,
+    weights: &W,
+    tokens: &DeviceBuffer<i32>,
+    acts: &mut Acts<DeviceBuffer<W::T>>,
+    loss: &mut DeviceBuffer<f32>,
+) -> Result<(), Mamba3GpuError> {
+    let w = weights.master();
     check_step(w, tokens, acts)?;
     let sh = acts.shape;
+    // The embedding gather reads the f32 master: a gather is no GEMM, and
+    // autocast leaves it in the weight's own precision.
     let Some(first) = acts.layers.first_mut() else {
         k::embed_fwd(gpu, &sh, tokens, &w.embedding, &mut acts.h_final)?;
-        return head_and_loss(gpu, w, tokens, acts, loss);
+        return head_and_loss(gpu, weights, tokens, acts, loss);
     };
     k::embed_fwd(gpu, &sh, tokens, &w.embedding, &mut first.h_in)?;
     let nl = acts.layers.len();
@@ -68,19 +87,28 @@ pub fn forward(
             Some(n) => &mut n.h_in,
             None => &mut acts.h_final,
         };
-        mixer_forward(gpu, &sh, &w.layers[l], la, next)?;
+        let gemm_w = weights.layer_gemm(l)?;
+        let lw = w.layers.get(l).ok_or(Mamba3GpuError::Shape {
+            what: "weight layers",
+            expected: nl,
+            found: w.layers.len(),
+        })?;
+        mixer_forward(gpu, &sh, lw, gemm_w, la, next)?;
     }
-    head_and_loss(gpu, w, tokens, acts, loss)
+    head_and_loss(gpu, weights, tokens, acts, loss)
 }
 
 /// One block: `h_next = h_in + out_proj(mixer(norm(h_in)))`.
-fn mixer_forward(
+/// `gemm_w` holds the block's `[in_proj, out_proj]` in the compute type.
+fn mixer_forward<T: Compute>(
     gpu: &Gpu,
     sh: &k::Mamba3Shape,
     lw: &LayerWeights,
-    la: &mut LayerActs,
+    gemm_w: [&DeviceBuffer<T>; 2],
+    la: &mut LayerActs<DeviceBuffer<T>>,
     h_next: &mut DeviceBuffer<f32>,
 ) -> Result<(), Mamba3GpuError> {
+    let [w_in, w_out] = gemm_w;
     let (rows, dm) = (sh.rows, sh.d_model);
     k::rmsnorm_fwd(
         gpu,
@@ -92,10 +120,11 @@ fn mixer_forward(
         &mut la.u,
         &mut la.rstd,
     )?;
-    gpu.gemm_f32(
+    T::gemm(
+        gpu,
         &Gemm::new(rows, sh.width, dm).trans_b(),
         &la.u,
-        &lw.in_proj,
+        w_in,
         &mut la.proj,
     )?;
     k::prep(
@@ -145,23 +174,25 @@ fn mixer_forward(
     )?;
     // Residual: h_next = h_in, then h_next += o W_out^T (beta = 1).
     gpu.copy_device(&la.h_in, h_next)?;
-    gpu.gemm_f32(
+    T::gemm(
+        gpu,
         &Gemm::new(rows, dm, sh.d_inner).trans_b().scaled(1.0, 1.0),
         &la.o,
-        &lw.out_proj,
+        w_out,
         h_next,
     )?;
     Ok(())
 }
 
 /// `norm_f`, the LM head and the mean cross-entropy.
-fn head_and_loss(
+fn head_and_loss<W: StepWeights>(
     gpu: &Gpu,
-    w: &Weights,
+    weights: &W,
     tokens: &DeviceBuffer<i32>,
-    acts: &mut Acts,
+    acts: &mut Acts<DeviceBuffer<W::T>>,
     loss: &mut DeviceBuffer<f32>,
 ) -> Result<(), Mamba3GpuError> {
+    let w = weights.master();
     let sh = acts.shape;
     k::rmsnorm_fwd(
         gpu,
@@ -173,10 +204,11 @@ fn head_and_loss(
         &mut acts.normed,
         &mut acts.rstd_f,
     )?;
-    gpu.gemm_f32(
+    W::T::gemm(
+        gpu,
         &Gemm::new(sh.rows, sh.vocab, sh.d_model).trans_b(),
         &acts.normed,
-        w.head(),
+        weights.head_gemm(),
         &mut acts.logits,
     )?;
     k::ce_fwd(

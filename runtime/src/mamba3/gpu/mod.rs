@@ -1,6 +1,13 @@
-//! The Mamba-3 SISO language model on the GPU, in f32: device-resident
-//! weights, gradients and activations, and the ops of the training step
-//! (`specs/mamba3_f32.ron`).
+//! The Mamba-3 SISO language model on the GPU, in f32 and in bf16 mixed
+//! precision: device-resident weights, gradients and activations, and the
+//! ops of the training steps (`specs/mamba3_f32.ron`,
+//! `specs/mamba3_bf16.ron`).
+//!
+//! One forward and one backward body ([`forward_with`], [`backward_with`]),
+//! generic over the compute type of the GEMM operands
+//! ([`crate::kernels::precision::Compute`]): f32 for [`F32Step`], bf16 for
+//! [`Bf16Step`] (f32 masters, bf16 GEMM copies, f32 scan/norms/reductions;
+//! see [`MixedWeights`]).
 //!
 //! The math is the CPU oracle's ([`crate::mamba3::cpu`]), with the scan in
 //! its chunked form (reference §2.3): one thread block per (batch row, head)
@@ -23,14 +30,21 @@
 mod acts;
 mod backward;
 mod forward;
+mod mixed;
 mod step;
+mod step_bf16;
 mod weights;
 
-pub use acts::{Acts, BackwardWork, LayerActs};
-pub use backward::backward;
-pub use forward::{forward, zero_grads};
+pub use acts::{Acts, BackwardWork, LayerActs, MixedActs};
+pub use backward::{backward, backward_with};
+pub use forward::{forward, forward_with, zero_grads};
+pub use mixed::{
+    MixedLayer, MixedWeights, adamw_step_mixed, backward_mixed, forward_mixed, presize_staging,
+    staging_bytes, sync_master_to_compute,
+};
 pub use step::{F32Step, Mamba3F32Capture, Mamba3F32Graph, Mamba3F32Replay};
-pub use weights::{Grads, LayerWeights, Weights};
+pub use step_bf16::{Bf16Step, Mamba3Bf16Capture, Mamba3Bf16Graph, Mamba3Bf16Replay};
+pub use weights::{GemmPair, Grads, LayerWeights, StepWeights, Weights};
 
 use thiserror::Error;
 

@@ -4,6 +4,7 @@
 
 use crate::DevicePtrs;
 use crate::device::{DeviceBuffer, Gpu};
+use crate::kernels::precision::Compute;
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu::{self, check_weights, param_specs};
 
@@ -178,6 +179,45 @@ impl Weights {
     /// The LM head actually used: `lm_head`, or the embedding when tied.
     pub fn head(&self) -> &DeviceBuffer<f32> {
         self.lm_head.as_ref().unwrap_or(&self.embedding)
+    }
+}
+
+/// One block's `[in_proj, out_proj]` in compute type `T`.
+pub type GemmPair<'a, T> = [&'a DeviceBuffer<T>; 2];
+
+/// What the generic forward/backward bodies read from a step's weights:
+/// the f32 master tensors, and the GEMM weights (in_proj, out_proj, LM
+/// head) in the compute type `T`. For [`Weights`] the two are the same
+/// tensors; for [`super::MixedWeights`] the GEMM weights are bf16 copies.
+pub trait StepWeights {
+    /// The compute type of the GEMM weights.
+    type T: Compute;
+    /// The f32 master weights.
+    fn master(&self) -> &Weights;
+    /// Layer `l`'s `[in_proj, out_proj]` in the compute type.
+    fn layer_gemm(&self, l: usize) -> Result<GemmPair<'_, Self::T>, Mamba3GpuError>;
+    /// The LM head (the embedding when tied) in the compute type.
+    fn head_gemm(&self) -> &DeviceBuffer<Self::T>;
+}
+
+impl StepWeights for Weights {
+    type T = f32;
+
+    fn master(&self) -> &Weights {
+        self
+    }
+
+    fn layer_gemm(&self, l: usize) -> Result<GemmPair<'_, f32>, Mamba3GpuError> {
+        let lw = self.layers.get(l).ok_or(Mamba3GpuError::Shape {
+            what: "weight layers",
+            expected: l + 1,
+            found: self.layers.len(),
+        })?;
+        Ok([&lw.in_proj, &lw.out_proj])
+    }
+
+    fn head_gemm(&self) -> &DeviceBuffer<f32> {
+        self.head()
     }
 }
 

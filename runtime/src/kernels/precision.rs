@@ -1,0 +1,115 @@
+//! The compute dtype of the Mamba-3 step: what the GEMM operands are stored
+//! in, and how a GEMM runs on them.
+//!
+//! The model keeps one forward and one backward body, generic over
+//! [`Compute`]. With `f32` every tensor is f32 and the GEMMs are IEEE f32;
+//! with `bf16` (the mixed step, as PyTorch autocast with the official
+//! kernels runs it) the GEMM operands are bf16 (weights' compute copies, the
+//! norm outputs, the gate output; f32 gradients are rounded into the
+//! `half_staging` scratch right before their GEMM) and cuBLAS accumulates
+//! and writes in f32. Everything else (residual stream, scan, norms'
+//! statistics, softplus/exp math, reductions) is f32 in both.
+
+use half::bf16;
+
+use crate::device::{DeviceBuffer, Element, Gemm, Gpu, GpuError};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// An element type the Mamba-3 step can compute its GEMMs in: `f32` or
+/// `bf16`. Sealed: each needs its own kernel instantiations.
+pub trait Compute: Element + sealed::Sealed {
+    /// Short name, for logs and errors (`"f32"`, `"bf16"`).
+    const NAME: &'static str;
+    /// The row-wise RMSNorm kernel writing this type (f32 input).
+    const RMSNORM_FWD: &'static str;
+    /// The z-gate kernel writing this type (f32 inputs).
+    const GATE_FWD: &'static str;
+
+    /// `C = alpha op(A) op(B) + beta C` with A and B in this type, C in f32.
+    fn gemm(
+        gpu: &Gpu,
+        g: &Gemm,
+        a: &DeviceBuffer<Self>,
+        b: &DeviceBuffer<Self>,
+        c: &mut DeviceBuffer<f32>,
+    ) -> Result<(), GpuError>;
+
+    /// The same GEMM with an f32 A operand (a gradient): used as is in f32,
+    /// rounded to bf16 in `half_staging` first in bf16.
+    fn gemm_grad(
+        gpu: &Gpu,
+        g: &Gemm,
+        a: &DeviceBuffer<f32>,
+        b: &DeviceBuffer<Self>,
+        c: &mut DeviceBuffer<f32>,
+    ) -> Result<(), GpuError>;
+
+    /// Elements of `half_staging` a gradient GEMM of `a_len` A elements needs
+    /// (0 when nothing is staged).
+    fn staging_elems(a_len: usize) -> usize;
+}
+
+impl Compute for f32 {
+    const NAME: &'static str = "f32";
+    const RMSNORM_FWD: &'static str = "m3_rmsnorm_fwd_f32";
+    const GATE_FWD: &'static str = "m3_gate_fwd_f32";
+
+    fn gemm(
+        gpu: &Gpu,
+        g: &Gemm,
+        a: &DeviceBuffer<f32>,
+        b: &DeviceBuffer<f32>,
+        c: &mut DeviceBuffer<f32>,
+    ) -> Result<(), GpuError> {
+        gpu.gemm_f32(g, a, b, c)
+    }
+
+    fn gemm_grad(
+        gpu: &Gpu,
+        g: &Gemm,
+        a: &DeviceBuffer<f32>,
+        b: &DeviceBuffer<f32>,
+        c: &mut DeviceBuffer<f32>,
+    ) -> Result<(), GpuError> {
+        gpu.gemm_f32(g, a, b, c)
+    }
+
+    fn staging_elems(_a_len: usize) -> usize {
+        0
+    }
+}
+
+impl Compute for bf16 {
+    const NAME: &'static str = "bf16";
+    const RMSNORM_FWD: &'static str = "m3_rmsnorm_fwd_bf16";
+    const GATE_FWD: &'static str = "m3_gate_fwd_bf16";
+
+    fn gemm(
+        gpu: &Gpu,
+        g: &Gemm,
+        a: &DeviceBuffer<bf16>,
+        b: &DeviceBuffer<bf16>,
+        c: &mut DeviceBuffer<f32>,
+    ) -> Result<(), GpuError> {
+        gpu.gemm_bf16_f32(g, a, b, c)
+    }
+
+    fn gemm_grad(
+        gpu: &Gpu,
+        g: &Gemm,
+        a: &DeviceBuffer<f32>,
+        b: &DeviceBuffer<bf16>,
+        c: &mut DeviceBuffer<f32>,
+    ) -> Result<(), GpuError> {
+        gpu.gemm_bf16_f32_staged_a(g, a, b, c)
+    }
+
+    fn staging_elems(a_len: usize) -> usize {
+        a_len
+    }
+}
