@@ -556,7 +556,11 @@ fn every_mamba3_kernel_module_compiles_with_nvrtc() {
         .iter()
         .filter(|m| m.source.file.starts_with("mamba3"))
     {
-        let opts = nvrtc::compile_options("sm_90");
+        let mut opts = nvrtc::compile_options("sm_90");
+        // The runtime adds the toolkit's include directory (cuda_bf16.h for
+        // the bf16 instantiations); so does this check.
+        let toolkit = stepgraph::device::probe::toolkit_from_env().expect("CUDA_HOME");
+        opts.push(format!("--include-path={}", toolkit.include.display()));
         if let Err(e) = nvrtc::compile(&m.source, HEADERS, &opts) {
             panic!("{e}");
         }
