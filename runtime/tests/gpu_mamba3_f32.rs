@@ -457,6 +457,8 @@ fn move_buffer(
         "grads" => realloc(gpu, &mut s.grads.work.dproj, keep),
         "acts" => realloc(gpu, &mut s.acts.layers[0].states, keep),
         "loss" => realloc(gpu, &mut s.loss, keep),
+        "loss_weights" => realloc(gpu, &mut s.loss_weights, keep),
+        "control" => realloc(gpu, &mut s.control.gate, keep),
         "tokens" => {
             let mut fresh = gpu.alloc::<i32>(s.tokens.len()).expect("alloc");
             gpu.copy_device(&s.tokens, &mut fresh).expect("copy");
@@ -474,7 +476,15 @@ fn every_moved_buffer_is_refused_by_name() {
     let mut s = timing_free_step(&gpu, &cfg, 2, 16, fresh_seed());
     let (mut keep, mut keep_i) = (Vec::new(), Vec::new());
     for name in [
-        "weights", "adam", "sched", "grads", "acts", "tokens", "loss",
+        "weights",
+        "adam",
+        "sched",
+        "grads",
+        "acts",
+        "control",
+        "tokens",
+        "loss_weights",
+        "loss",
     ] {
         let graph = Mamba3F32Graph::capture(
             &gpu,

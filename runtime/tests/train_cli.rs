@@ -53,8 +53,9 @@ fn a_tiny_run_writes_metrics_plot_and_checkpoint() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    // `auto` trains on the GPU where one works, else says it fell back.
     assert!(
-        stdout.contains("notice: no GPU training engine"),
+        stdout.contains("notice: no usable GPU") || stdout.contains("cuda graph f32"),
         "{stdout}"
     );
     assert!(stdout.contains("eval @ 3  len 4: loss"), "{stdout}");
@@ -108,7 +109,12 @@ fn default_run_dir_is_under_runs() {
 }
 
 #[test]
-fn cuda_without_a_gpu_engine_is_one_line() {
+fn cuda_without_a_gpu_is_one_line() {
+    if stepgraph::device::probe::driver_present() {
+        // There is a driver here, so `--device cuda` may well train; the
+        // refusal is only testable without one (as in CI).
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     one_error_line(&tiny(&["--device", "cuda"], dir.path()), 1, "--device cuda");
 }

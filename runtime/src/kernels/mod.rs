@@ -35,6 +35,7 @@ pub mod mamba3_bwd;
 pub mod precision;
 pub mod reduce;
 mod table;
+pub mod train;
 
 pub use elementwise::{add_one, axpy, bf16_to_f32, f32_to_bf16, fill, mul, silu};
 pub use reduce::{sum_squares, sum_squares_blocks};
@@ -136,6 +137,21 @@ pub const MODULES: &[Module] = &[
             src: include_str!("../../../kernels/mamba3_adamw.cu"),
         },
         functions: &["m3_advance_schedule", "m3_adamw_f32"],
+    },
+    Module {
+        source: SourceFile {
+            file: "train.cu",
+            src: include_str!("../../../kernels/train.cu"),
+        },
+        functions: &[
+            "tr_weighted_loss_f32",
+            "tr_mask_rows_f32",
+            "tr_zero_range_f32",
+            "tr_sumsq_partials_f32",
+            "tr_schedule",
+            "tr_adamw_f32",
+            "tr_argmax_f32",
+        ],
     },
 ];
 

@@ -70,6 +70,18 @@ pub enum EngineError {
     /// Imported state that does not fit the model.
     #[error("state does not fit the model: {0}")]
     State(String),
+    /// A GPU call, kernel launch or buffer operation failed.
+    #[error("GPU: {0}")]
+    Gpu(#[from] crate::mamba3::gpu::Mamba3GpuError),
+    /// The captured graph refused a replay or failed to capture.
+    #[error("graph: {0}")]
+    Graph(#[from] crate::graph::GraphError),
+}
+
+impl From<crate::device::GpuError> for EngineError {
+    fn from(e: crate::device::GpuError) -> Self {
+        Self::Gpu(e.into())
+    }
 }
 
 /// What ran a step, for the start line and the summary.

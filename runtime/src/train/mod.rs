@@ -1,5 +1,5 @@
 //! Training: data ([`data`]), the step engine seam ([`engine`]) and its CPU
-//! implementation ([`cpu`]), the lr schedule ([`schedule`]), run checkpoints
+//! and f32 GPU implementations ([`cpu`], [`gpu`]), the lr schedule ([`schedule`]), run checkpoints
 //! ([`checkpoint`]), what the user sees ([`report`]) and the loop ([`run`]).
 //!
 //! `stepgraph train` is a thin shell over [`run::train`]: it turns flags into
@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod cpu;
 pub mod data;
 pub mod engine;
+pub mod gpu;
 pub mod report;
 pub mod run;
 pub mod schedule;
@@ -23,6 +24,7 @@ pub use engine::{
     EngineError, EngineInfo, EngineState, EvalOutput, Frozen, OptimSettings, StepMetrics,
     TrainEngine,
 };
+pub use gpu::GpuF32Engine;
 pub use run::{Device, Precision, RunSummary, TrainOptions, train};
 pub use schedule::LrSchedule;
 

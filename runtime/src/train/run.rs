@@ -16,8 +16,10 @@ use super::checkpoint::{self, CHECKPOINTS_DIR, TrainState};
 use super::cpu::CpuEngine;
 use super::data::{DataSpec, Dataset, EvalSet};
 use super::engine::{Frozen, OptimSettings, TrainEngine};
+use super::gpu::GpuF32Engine;
 use super::report::{self, EvalResult, MetricsLog, Progress, ProgressMode};
 use super::schedule::LrSchedule;
+use crate::device::Gpu;
 use crate::mamba3::cpu::Weights;
 use crate::mamba3::{Mamba3Config, RopeFraction};
 use crate::optim::{AdamWConfig, DecayPolicy};
@@ -25,11 +27,11 @@ use crate::optim::{AdamWConfig, DecayPolicy};
 /// `--device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
-    /// A GPU engine when one is available and a GPU is present, else the CPU.
+    /// The GPU engine when `Gpu::new(0)` succeeds, else the CPU (with a notice).
     Auto,
     /// The CPU engine.
     Cpu,
-    /// A GPU engine (an error while none is available).
+    /// The GPU engine (an error without a usable GPU).
     Cuda,
 }
 
@@ -152,42 +154,55 @@ pub struct RunSummary {
     pub engine: String,
 }
 
-/// Whether a GPU training engine is compiled in. The f32 and bf16 graph
-/// steps implement [`TrainEngine`] once they land; until then every run uses
-/// the CPU engine.
-pub const GPU_ENGINE_AVAILABLE: bool = false;
+/// What `--device` / `--precision` resolved to.
+#[derive(Debug)]
+pub enum Resolved {
+    /// The CPU engine, with the one-line notice to print when `auto` fell
+    /// back to it.
+    Cpu(Option<String>),
+    /// A GPU engine on this context.
+    Cuda(Box<Gpu>),
+}
 
-/// Resolves `--device` / `--precision` to the engine that will run, with an
-/// optional one-line notice (auto falling back to the CPU).
-pub fn resolve_device(
-    device: Device,
-    precision: Precision,
-) -> Result<(Device, Option<String>), TrainError> {
+/// Resolves `--device` / `--precision` to the engine that will run: `auto`
+/// is the GPU when `Gpu::new(0)` succeeds, else the CPU with a one-line
+/// notice; `cuda` without a usable GPU is an error naming why.
+pub fn resolve_device(device: Device, precision: Precision) -> Result<Resolved, TrainError> {
     let resolved = match device {
-        Device::Cuda if !GPU_ENGINE_AVAILABLE => {
-            return Err(TrainError::NoEngine(
-                "--device cuda: no GPU training engine is available in this build \
-                 (the graph-captured steps are not wired in yet); use --device cpu"
-                    .into(),
-            ));
-        }
-        Device::Auto if !GPU_ENGINE_AVAILABLE => (
-            Device::Cpu,
-            Some(
-                "notice: no GPU training engine available; training on the CPU (f32 reference)"
-                    .into(),
-            ),
-        ),
-        Device::Auto => (Device::Cuda, None),
-        d => (d, None),
+        Device::Cpu => Resolved::Cpu(None),
+        Device::Cuda => match Gpu::new(0) {
+            Ok(gpu) => Resolved::Cuda(Box::new(gpu)),
+            Err(e) => {
+                return Err(TrainError::NoEngine(format!(
+                    "--device cuda: no usable GPU ({}); use --device cpu",
+                    one_line(&e.to_string())
+                )));
+            }
+        },
+        Device::Auto => match Gpu::new(0) {
+            Ok(gpu) => Resolved::Cuda(Box::new(gpu)),
+            Err(e) => Resolved::Cpu(Some(format!(
+                "notice: no usable GPU ({}); training on the CPU (f32 reference)",
+                one_line(&e.to_string())
+            ))),
+        },
     };
-    if resolved.0 == Device::Cpu && precision == Precision::Bf16 {
-        return Err(TrainError::NoEngine(
+    match (&resolved, precision) {
+        (Resolved::Cpu(_), Precision::Bf16) => Err(TrainError::NoEngine(
             "--precision bf16 needs a GPU engine; the CPU engine trains in f32 (use --precision f32)"
                 .into(),
-        ));
+        )),
+        (Resolved::Cuda(_), Precision::Bf16) => Err(TrainError::NoEngine(
+            "--precision bf16: the bf16 GPU training engine is not wired in yet; use --precision f32"
+                .into(),
+        )),
+        _ => Ok(resolved),
     }
-    Ok(resolved)
+}
+
+/// The first line of a message, for one-line notices and errors.
+fn one_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
 }
 
 fn invalid(flag: &'static str, reason: impl Into<String>) -> TrainError {
@@ -425,7 +440,7 @@ fn eval_line(step: u64, results: &[EvalResult]) -> String {
 /// set, the run checkpoints and returns with `interrupted`.
 pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, TrainError> {
     validate(opts)?;
-    let (device, notice) = resolve_device(opts.device, opts.precision)?;
+    let resolved = resolve_device(opts.device, opts.precision)?;
     let resumed = match &opts.resume {
         Some(path) => {
             let dir = checkpoint::resolve(path)?;
@@ -460,11 +475,22 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, Train
             w.fill(0.0);
         }
     }
-    // Only the CPU engine exists so far; `resolve_device` refused the rest.
-    let mut engine: Box<dyn TrainEngine> = match device {
-        Device::Cpu | Device::Auto | Device::Cuda => {
-            Box::new(CpuEngine::new(cfg.clone(), weights, settings)?)
-        }
+    let (mut engine, notice): (Box<dyn TrainEngine>, Option<String>) = match resolved {
+        Resolved::Cpu(notice) => (
+            Box::new(CpuEngine::new(cfg.clone(), weights, settings)?),
+            notice,
+        ),
+        Resolved::Cuda(gpu) => (
+            Box::new(GpuF32Engine::new(
+                *gpu,
+                cfg.clone(),
+                &weights,
+                &settings,
+                opts.batch,
+                data.train_width(),
+            )?),
+            None,
+        ),
     };
     let run_dir = match &resumed {
         Some((dir, ckpt_cfg, state, tstate)) => {

@@ -10,6 +10,7 @@ use crate::mamba3::cpu;
 use crate::optim::AdamWConfig;
 use crate::optim::DecayPolicy;
 use crate::optim::gpu::{AdamWState, StepScalars};
+use crate::optim::step_control::StepControl;
 
 use super::{Acts, Grads, Mamba3GpuError, Weights};
 
@@ -28,15 +29,20 @@ pub struct F32Step {
     pub grads: Grads,
     /// Forward activations.
     pub acts: Acts,
+    /// Schedule, clipping, skip counters and the step's report.
+    pub control: StepControl,
     /// `[batch, seq_len + 1]` token ids (written by the host before a step).
     pub tokens: DeviceBuffer<i32>,
-    /// Mean loss of the last step.
+    /// `[batch * seq_len]` loss weight per prediction (written by the host).
+    pub loss_weights: DeviceBuffer<f32>,
+    /// Weighted loss of the last step.
     pub loss: DeviceBuffer<f32>,
 }
 
 impl F32Step {
     /// Uploads `weights` and allocates everything a `batch x seq_len` step
-    /// needs (zero moments, step count 0).
+    /// needs (zero moments, step count 0, equal loss weights `1 / (batch *
+    /// seq_len)`: the plain mean; constant lr `adamw.lr`, no clipping).
     pub fn new<T: cpu::Float>(
         gpu: &Gpu,
         cfg: &Mamba3Config,
@@ -47,13 +53,23 @@ impl F32Step {
         seq_len: usize,
     ) -> Result<Self, Mamba3GpuError> {
         let acts = Acts::new(gpu, cfg, batch, seq_len)?;
+        let rows = acts.shape.rows;
+        let uniform = crate::optim::step_control::loss_weights_for(rows, |_| true).ok_or(
+            Mamba3GpuError::Shape {
+                what: "predictions per step",
+                expected: 1,
+                found: rows,
+            },
+        )?;
         Ok(Self {
             weights: Weights::upload(gpu, cfg, weights)?,
             adam: AdamWState::new(gpu, cfg, policy)?,
             sched: StepScalars::new(gpu, adamw)?,
             grads: Grads::new(gpu, cfg, batch, seq_len)?,
             acts,
+            control: StepControl::new(gpu, cfg, adamw.lr, Vec::new())?,
             tokens: gpu.alloc_zeros::<i32>(batch * (seq_len + 1))?,
+            loss_weights: gpu.to_device(&uniform)?,
             loss: gpu.alloc_zeros::<f32>(1)?,
         })
     }
@@ -74,6 +90,13 @@ impl F32Step {
             });
         }
         gpu.copy_from_host(ids, &mut self.tokens)?;
+        Ok(())
+    }
+
+    /// Copies `[batch * seq_len]` per-prediction loss weights into the
+    /// step's input (0 or one common value; see `optim::step_control`).
+    pub fn set_loss_weights(&mut self, gpu: &Gpu, w: &[f32]) -> Result<(), Mamba3GpuError> {
+        gpu.copy_from_host(w, &mut self.loss_weights)?;
         Ok(())
     }
 

@@ -1,0 +1,293 @@
+//! Launch wrappers for `kernels/train.cu`: loss weights, the frozen mask, the
+//! global gradient norm, the device-side schedule and the guarded AdamW
+//! update that the training step adds around the model (see
+//! [`crate::optim::step_control`] for the ops built from them).
+
+use cudarc::driver::PushKernelArg as _;
+
+use super::launch;
+use super::mamba3::{Mamba3Shape, need, row_blocks, thread_blocks};
+use crate::device::error::During as _;
+use crate::device::{DeviceBuffer, Gpu, GpuError, to_u32};
+
+/// Most pass-1 blocks (hence partials) of one tensor's sum of squares.
+pub const NORM_BLOCKS_PER_TENSOR: u32 = 128;
+
+/// Pass-1 blocks of the sum of squares of an `n`-element tensor.
+pub fn norm_blocks(n: usize) -> Result<u32, GpuError> {
+    Ok(launch::blocks(
+        to_u32("sumsq: n", n)?,
+        NORM_BLOCKS_PER_TENSOR,
+    ))
+}
+
+/// `loss[0] = sum(w[i] * row_loss[i])` over the `rows` rows with `w[i] != 0`,
+/// in double and a fixed order, and `gate[2] = rows * max(w)` (the factor
+/// from the plain mean's gradient to the weighted loss's).
+pub fn weighted_loss(
+    gpu: &Gpu,
+    row_loss: &DeviceBuffer<f32>,
+    w: &DeviceBuffer<f32>,
+    rows: usize,
+    loss: &mut DeviceBuffer<f32>,
+    gate: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    need(gpu, "weighted_loss: row_loss", row_loss, rows)?;
+    need(gpu, "weighted_loss: weights", w, rows)?;
+    need(gpu, "weighted_loss: loss", loss, 1)?;
+    need(gpu, "weighted_loss: gate", gate, 3)?;
+    let n = to_u32("weighted_loss: rows", rows)?;
+    let f = gpu.kernel("tr_weighted_loss_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(row_loss.slice()?)
+        .arg(w.slice()?)
+        .arg(loss.slice_mut()?)
+        .arg(gate.slice_mut()?)
+        .arg(&n);
+    // SAFETY: one block reads row_loss[0..rows) and w[0..rows) and writes
+    // loss[0] and gate[2]; all lengths checked above.
+    unsafe { b.launch(launch::grid(1)) }.during("launch tr_weighted_loss_f32")?;
+    Ok(())
+}
+
+/// Rows of weight 0 get one-hot-target logits and lse 0, so the model's
+/// cross-entropy backward gives them exact zeros.
+pub fn mask_rows(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    logits: &mut DeviceBuffer<f32>,
+    lse: &mut DeviceBuffer<f32>,
+    tokens: &DeviceBuffer<i32>,
+    w: &DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let n = sh.per_row(sh.vocab)?;
+    need(gpu, "mask_rows: logits", logits, n)?;
+    need(gpu, "mask_rows: lse", lse, sh.rows)?;
+    need(gpu, "mask_rows: tokens", tokens, sh.batch * (sh.len + 1))?;
+    need(gpu, "mask_rows: weights", w, sh.rows)?;
+    let (v, len, rows) = (
+        to_u32("vocab", sh.vocab)?,
+        to_u32("len", sh.len)?,
+        to_u32("rows", sh.rows)?,
+    );
+    let f = gpu.kernel("tr_mask_rows_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(logits.slice_mut()?)
+        .arg(lse.slice_mut()?)
+        .arg(tokens.slice()?)
+        .arg(w.slice()?);
+    b.arg(&v).arg(&len).arg(&rows);
+    // SAFETY: elementwise over rows x vocab of logits (checked); lse and w
+    // hold rows values, tokens B x (T + 1) (checked).
+    unsafe { b.launch(thread_blocks(n)?) }.during("launch tr_mask_rows_f32")?;
+    Ok(())
+}
+
+/// `x[start .. end) = 0`.
+pub fn zero_range(
+    gpu: &Gpu,
+    x: &mut DeviceBuffer<f32>,
+    start: usize,
+    end: usize,
+) -> Result<(), GpuError> {
+    need(gpu, "zero_range: x", x, end)?;
+    if end <= start {
+        return Ok(());
+    }
+    let (s, n) = (
+        to_u32("zero_range: start", start)?,
+        to_u32("zero_range: n", end - start)?,
+    );
+    let f = gpu.kernel("tr_zero_range_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(x.slice_mut()?).arg(&s).arg(&n);
+    // SAFETY: writes x[start .. start + n) = x[start .. end), and x holds at
+    // least `end` values (checked).
+    unsafe { b.launch(thread_blocks(end - start)?) }.during("launch tr_zero_range_f32")?;
+    Ok(())
+}
+
+/// Writes the [`norm_blocks`]`(x.len())` sum-of-squares partials of `x` to
+/// `partials[offset ..]` and returns how many.
+pub fn sumsq_partials(
+    gpu: &Gpu,
+    x: &DeviceBuffer<f32>,
+    partials: &mut DeviceBuffer<f64>,
+    offset: usize,
+) -> Result<usize, GpuError> {
+    gpu.check_owned("sumsq: x", x)?;
+    let blocks = norm_blocks(x.len())?;
+    let count = usize::try_from(blocks).map_err(|_| GpuError::SizeOverflow {
+        what: "sumsq: partials",
+        value: u128::from(blocks),
+        target: "usize",
+    })?;
+    need(gpu, "sumsq: partials", partials, offset + count)?;
+    let (off, n) = (
+        to_u32("sumsq: offset", offset)?,
+        to_u32("sumsq: n", x.len())?,
+    );
+    let f = gpu.kernel("tr_sumsq_partials_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(x.slice()?)
+        .arg(partials.slice_mut()?)
+        .arg(&off)
+        .arg(&n);
+    // SAFETY: reads x[0..n) (n = x.len()) and writes partials[offset ..
+    // offset + blocks), which the partials buffer holds (checked); the grid
+    // is `blocks`.
+    unsafe { b.launch(launch::grid(blocks)) }.during("launch tr_sumsq_partials_f32")?;
+    Ok(count)
+}
+
+/// The device scalars [`schedule`] reads and writes (layouts in
+/// `kernels/train.cu`).
+#[derive(Debug)]
+pub struct ScheduleArgs<'a> {
+    /// Norm partials, `count` used.
+    pub partials: &'a DeviceBuffer<f64>,
+    /// Partials to fold.
+    pub count: usize,
+    /// `[peak, min_lr, max_norm]`.
+    pub params: &'a DeviceBuffer<f64>,
+    /// `[steps, skipped, warmup, total]`.
+    pub counters: &'a mut DeviceBuffer<u64>,
+    /// AdamW `[lr, beta1, beta2, eps, weight_decay]` (lr unused).
+    pub hyper: &'a DeviceBuffer<f64>,
+    /// AdamW updates taken.
+    pub adam_step: &'a mut DeviceBuffer<i32>,
+    /// AdamW per-step scalars (8).
+    pub derived: &'a mut DeviceBuffer<f32>,
+    /// `[clip coefficient, skip flag, gradient scale]`.
+    pub gate: &'a mut DeviceBuffer<f32>,
+    /// The step's loss.
+    pub loss: &'a DeviceBuffer<f32>,
+    /// The step's report (8 f64).
+    pub report: &'a mut DeviceBuffer<f64>,
+}
+
+/// Folds the norm, decides clip and skip, evaluates the schedule and
+/// advances the counters (one block).
+pub fn schedule(gpu: &Gpu, a: ScheduleArgs<'_>) -> Result<(), GpuError> {
+    need(gpu, "schedule: partials", a.partials, a.count)?;
+    need(gpu, "schedule: params", a.params, 3)?;
+    need(gpu, "schedule: counters", a.counters, 4)?;
+    need(gpu, "schedule: hyper", a.hyper, 5)?;
+    need(gpu, "schedule: adam step", a.adam_step, 1)?;
+    need(gpu, "schedule: derived", a.derived, 8)?;
+    need(gpu, "schedule: gate", a.gate, 3)?;
+    need(gpu, "schedule: loss", a.loss, 1)?;
+    need(gpu, "schedule: report", a.report, 8)?;
+    let count = to_u32("schedule: partials", a.count)?;
+    let f = gpu.kernel("tr_schedule")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(a.partials.slice()?)
+        .arg(&count)
+        .arg(a.params.slice()?)
+        .arg(a.counters.slice_mut()?)
+        .arg(a.hyper.slice()?)
+        .arg(a.adam_step.slice_mut()?)
+        .arg(a.derived.slice_mut()?)
+        .arg(a.gate.slice_mut()?)
+        .arg(a.loss.slice()?)
+        .arg(a.report.slice_mut()?);
+    // SAFETY: one block reads partials[0..count), params[0..3), hyper[0..5),
+    // loss[0], gate[2]; updates counters[0..4), adam_step[0]; writes
+    // derived[0..8), gate[0..2), report[0..8). Every length is checked above.
+    unsafe { b.launch(launch::grid(1)) }.during("launch tr_schedule")?;
+    Ok(())
+}
+
+/// AdamW on one tensor with the clipped gradient, unless the gate says skip.
+#[allow(clippy::too_many_arguments)] // one per kernel buffer, as the kernel takes them
+pub fn adamw_gated(
+    gpu: &Gpu,
+    p: &mut DeviceBuffer<f32>,
+    g: &DeviceBuffer<f32>,
+    m: &mut DeviceBuffer<f32>,
+    v: &mut DeviceBuffer<f32>,
+    derived: &DeviceBuffer<f32>,
+    gate: &DeviceBuffer<f32>,
+    decay: bool,
+) -> Result<(), GpuError> {
+    let n = p.len();
+    need(gpu, "adamw_gated: grad", g, n)?;
+    need(gpu, "adamw_gated: m", m, n)?;
+    need(gpu, "adamw_gated: v", v, n)?;
+    need(gpu, "adamw_gated: scalars", derived, 8)?;
+    need(gpu, "adamw_gated: gate", gate, 3)?;
+    gpu.check_owned("adamw_gated: param", p)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (nu, dec) = (to_u32("adamw_gated: n", n)?, u32::from(decay));
+    let f = gpu.kernel("tr_adamw_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(p.slice_mut()?)
+        .arg(g.slice()?)
+        .arg(m.slice_mut()?)
+        .arg(v.slice_mut()?)
+        .arg(derived.slice()?)
+        .arg(gate.slice()?);
+    b.arg(&dec).arg(&nu);
+    // SAFETY: elementwise over [0 .. n) of p, g, m, v (all hold n, checked),
+    // reading derived[0..8) and gate[0..3) (checked).
+    unsafe { b.launch(thread_blocks(n)?) }.during("launch tr_adamw_f32")?;
+    Ok(())
+}
+
+/// `out[row]` = first index of the largest of `logits[row, 0 .. real)`, for
+/// `rows` rows of `stride` logits.
+pub fn argmax(
+    gpu: &Gpu,
+    logits: &DeviceBuffer<f32>,
+    stride: usize,
+    real: usize,
+    rows: usize,
+    out: &mut DeviceBuffer<u32>,
+) -> Result<(), GpuError> {
+    need(
+        gpu,
+        "argmax: logits",
+        logits,
+        crate::device::checked_elems("argmax: rows x stride", rows, stride)?,
+    )?;
+    need(gpu, "argmax: out", out, rows)?;
+    if real > stride {
+        return Err(GpuError::BufferTooSmall {
+            what: "argmax: row stride",
+            need: real,
+            have: stride,
+        });
+    }
+    let (s, r, n) = (
+        to_u32("argmax: stride", stride)?,
+        to_u32("argmax: real", real)?,
+        to_u32("argmax: rows", rows)?,
+    );
+    let f = gpu.kernel("tr_argmax_f32")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(logits.slice()?)
+        .arg(out.slice_mut()?)
+        .arg(&s)
+        .arg(&r)
+        .arg(&n);
+    // SAFETY: one block per row reads logits[row * stride + 0 .. real) with
+    // real <= stride and rows * stride values held (checked), and writes
+    // out[row] for row < rows (checked).
+    unsafe { b.launch(row_blocks(rows)?) }.during("launch tr_argmax_f32")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn norm_partials_are_bounded_and_depend_only_on_the_length() {
+        assert_eq!(norm_blocks(0).ok(), Some(1));
+        assert_eq!(norm_blocks(256).ok(), Some(1));
+        assert_eq!(norm_blocks(257).ok(), Some(2));
+        assert_eq!(norm_blocks(1 << 30).ok(), Some(NORM_BLOCKS_PER_TENSOR));
+    }
+}

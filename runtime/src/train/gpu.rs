@@ -1,0 +1,455 @@
+//! The f32 GPU engine: the graph-captured step of `specs/mamba3_f32.ron`
+//! ([`F32Step`]) behind [`TrainEngine`].
+//!
+//! The step is captured once, for the run's training shape, when the engine
+//! is built; every [`TrainEngine::step`] is one guarded graph replay and
+//! returns without waiting. Batches go through two pinned host buffers used
+//! in turn: [`TrainEngine::load_batch`] fills one on the host (while the
+//! previous step runs on the device) and enqueues its upload into the
+//! step's input buffers behind the running replay, so stream order keeps
+//! the replay's reads before the overwrite and no device copy of the inputs
+//! is needed. The step leaves its scalars in a small device report that is
+//! copied into pinned memory behind the replay; [`TrainEngine::metrics`]
+//! waits for that copy, and is the only call of a training step that waits.
+//!
+//! Evaluation runs the forward op eagerly on activations sized for the eval
+//! batch (row chunks no larger than a training batch, buffers kept per
+//! shape), then an arg-max kernel; it never touches the captured buffers
+//! except to read the weights.
+
+use std::collections::HashMap;
+
+use super::data::Batch;
+use super::engine::{
+    EngineError, EngineInfo, EngineState, EvalOutput, Moments, OptimSettings, StepMetrics,
+    TrainEngine,
+};
+use super::schedule::LrSchedule;
+use crate::device::{DeviceBuffer, Gpu, PinnedBuffer};
+use crate::graph::ShapeKey;
+use crate::kernels::train as kt;
+use crate::mamba3::Mamba3Config;
+use crate::mamba3::cpu::{Weights, check_weights, param_specs};
+use crate::mamba3::gpu::{Acts, F32Step, Mamba3F32Graph, forward};
+use crate::optim::step_control::{FrozenSlice, StepControl, loss_weights_for, report};
+
+/// Most eval activation shapes kept at once.
+const EVAL_SHAPES: usize = 8;
+
+/// Buffers of one eval shape.
+struct EvalBufs {
+    acts: Acts,
+    tokens: DeviceBuffer<i32>,
+    loss: DeviceBuffer<f32>,
+    argmax: DeviceBuffer<u32>,
+}
+
+/// One host-side staging slot for a batch.
+struct Staging {
+    tokens: PinnedBuffer<i32>,
+    weights: PinnedBuffer<f32>,
+}
+
+/// The f32 graph-captured step as a [`TrainEngine`]; see the [module
+/// docs](self).
+pub struct GpuF32Engine {
+    // Field order is drop order: the graph before the buffers it points
+    // into, every buffer before the context.
+    graph: Mamba3F32Graph,
+    step: F32Step,
+    eval: HashMap<(usize, usize), EvalBufs>,
+    staging: [Staging; 2],
+    next_slot: usize,
+    report: PinnedBuffer<f64>,
+    cfg: Mamba3Config,
+    rows: usize,
+    width: usize,
+    staged: bool,
+    stepped: bool,
+    last: Option<StepMetrics>,
+    schedule: Option<LrSchedule>,
+    gpu: Gpu,
+}
+
+impl GpuF32Engine {
+    /// Uploads `weights`, allocates a step for `rows x width` token batches
+    /// (`width = T + 1`) and captures it.
+    pub fn new(
+        gpu: Gpu,
+        cfg: Mamba3Config,
+        weights: &Weights<f32>,
+        settings: &OptimSettings,
+        rows: usize,
+        width: usize,
+    ) -> Result<Self, EngineError> {
+        check_weights(&cfg, weights)?;
+        if rows == 0 || width < 2 {
+            return Err(EngineError::Batch(format!(
+                "a [{rows}, {width}] training batch has no predictions"
+            )));
+        }
+        let len = width - 1;
+        let mut step = F32Step::new(
+            &gpu,
+            &cfg,
+            weights,
+            &settings.adam,
+            &settings.decay,
+            rows,
+            len,
+        )?;
+        let frozen = settings
+            .frozen
+            .iter()
+            .map(|f| FrozenSlice {
+                tensor: f.tensor,
+                start: f.start,
+                end: f.end,
+            })
+            .collect();
+        step.control = StepControl::new(&gpu, &cfg, settings.adam.lr, frozen)?;
+        step.control.set_clip(&gpu, settings.clip)?;
+        let graph = Mamba3F32Graph::capture(
+            &gpu,
+            step.capture_view(),
+            ShapeKey {
+                batch: rows,
+                seq_len: len,
+            },
+        )?;
+        let slot = || -> Result<Staging, EngineError> {
+            Ok(Staging {
+                tokens: gpu.alloc_pinned::<i32>(rows * width)?,
+                weights: gpu.alloc_pinned::<f32>(rows * len)?,
+            })
+        };
+        let staging = [slot()?, slot()?];
+        let report = gpu.alloc_pinned::<f64>(report::LEN)?;
+        Ok(Self {
+            graph,
+            step,
+            eval: HashMap::new(),
+            staging,
+            next_slot: 0,
+            report,
+            cfg,
+            rows,
+            width,
+            staged: false,
+            stepped: false,
+            last: None,
+            schedule: None,
+            gpu,
+        })
+    }
+
+    /// The context (tests read buffers through it).
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The captured step's buffers.
+    pub fn step_buffers(&self) -> &F32Step {
+        &self.step
+    }
+
+    /// Runs the staged step eagerly instead of replaying the graph (tests
+    /// compare the two); the same ops, in spec order.
+    pub fn step_eager(&mut self) -> Result<(), EngineError> {
+        self.take_staged()?;
+        self.step.run_eager(&self.gpu)?;
+        self.after_step()
+    }
+
+    /// Checks a batch is staged and writes a new schedule, if any, to the
+    /// device (between replays).
+    fn take_staged(&mut self) -> Result<(), EngineError> {
+        if !self.staged {
+            return Err(EngineError::Order("step() without load_batch()"));
+        }
+        self.staged = false;
+        if let Some(s) = self.schedule.take() {
+            self.step
+                .control
+                .set_schedule(&self.gpu, s.peak, s.min_lr, s.warmup, s.total)?;
+        }
+        Ok(())
+    }
+
+    fn after_step(&mut self) -> Result<(), EngineError> {
+        self.gpu
+            .copy_to_pinned(&self.step.control.report, &mut self.report)?;
+        self.stepped = true;
+        self.last = None;
+        Ok(())
+    }
+
+    /// Ids as the kernels' `i32`, each checked against the vocabulary.
+    fn check_ids(&self, batch: &Batch, out: &mut [i32]) -> Result<(), EngineError> {
+        let vocab = self.cfg.vocab_size;
+        for (i, (o, &t)) in out.iter_mut().zip(&batch.tokens).enumerate() {
+            *o = i32::try_from(t)
+                .ok()
+                .filter(|&v| usize::try_from(v).is_ok_and(|v| v < vocab))
+                .ok_or_else(|| {
+                    EngineError::Batch(format!(
+                        "token {i} has id {t}, beyond the vocabulary ({vocab})"
+                    ))
+                })?;
+        }
+        Ok(())
+    }
+
+    fn eval_chunk(&mut self, batch: &Batch) -> Result<EvalOutput, EngineError> {
+        let (rows, len) = (batch.rows, batch.seq_len());
+        if !self.eval.contains_key(&(rows, len)) {
+            if self.eval.len() >= EVAL_SHAPES {
+                self.eval.clear();
+            }
+            let bufs = EvalBufs {
+                acts: Acts::new(&self.gpu, &self.cfg, rows, len)?,
+                tokens: self.gpu.alloc_zeros::<i32>(rows * batch.width)?,
+                loss: self.gpu.alloc_zeros::<f32>(1)?,
+                argmax: self.gpu.alloc_zeros::<u32>(rows * len)?,
+            };
+            self.eval.insert((rows, len), bufs);
+        }
+        let mut ids = vec![0i32; batch.tokens.len()];
+        self.check_ids(batch, &mut ids)?;
+        let (gpu, w, cfg) = (&self.gpu, &self.step.weights, &self.cfg);
+        let bufs = self
+            .eval
+            .get_mut(&(rows, len))
+            .ok_or(EngineError::Order("eval buffers missing"))?;
+        gpu.copy_from_host(&ids, &mut bufs.tokens)?;
+        forward(gpu, w, &bufs.tokens, &mut bufs.acts, &mut bufs.loss)?;
+        kt::argmax(
+            gpu,
+            &bufs.acts.logits,
+            cfg.padded_vocab_size(),
+            cfg.vocab_size,
+            rows * len,
+            &mut bufs.argmax,
+        )?;
+        Ok(EvalOutput {
+            token_loss: gpu.to_host(&bufs.acts.row_loss)?,
+            argmax: gpu.to_host(&bufs.argmax)?,
+        })
+    }
+}
+
+fn metrics_of(r: &[f64]) -> StepMetrics {
+    let at = |i: usize| r.get(i).copied().unwrap_or(f64::NAN);
+    // Counters travel as f64 in the report; they are exact below 2^53.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let count = |i: usize| at(i) as u64;
+    StepMetrics {
+        step: count(report::STEPS),
+        loss: at(report::LOSS),
+        grad_norm: at(report::GRAD_NORM),
+        lr: at(report::LR),
+        skipped: at(report::SKIPPED) != 0.0,
+        skipped_total: count(report::SKIPPED_TOTAL),
+    }
+}
+
+impl TrainEngine for GpuF32Engine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            name: "cuda graph".into(),
+            precision: "f32",
+            device: self.gpu.info().name.clone(),
+        }
+    }
+
+    fn model_config(&self) -> &Mamba3Config {
+        &self.cfg
+    }
+
+    fn set_schedule(&mut self, schedule: LrSchedule) {
+        // Written to the device before the next step (it cannot fail here).
+        self.schedule = Some(schedule);
+    }
+
+    fn load_batch(&mut self, batch: &Batch) -> Result<(), EngineError> {
+        if (batch.rows, batch.width) != (self.rows, self.width)
+            || batch.tokens.len() != batch.rows * batch.width
+        {
+            return Err(EngineError::Batch(format!(
+                "{} ids as [{}, {}]; the captured step takes [{}, {}]",
+                batch.tokens.len(),
+                batch.rows,
+                batch.width,
+                self.rows,
+                self.width
+            )));
+        }
+        let preds = self.rows * (self.width - 1);
+        let weights = loss_weights_for(preds, |i| batch.scored(i))
+            .ok_or_else(|| EngineError::Batch("no scored prediction in the batch".into()))?;
+        let k = self.next_slot;
+        let mut ids = vec![0i32; batch.tokens.len()];
+        self.check_ids(batch, &mut ids)?;
+        let slot = &mut self.staging[k];
+        // Waits only for this slot's previous upload, two batches ago.
+        slot.tokens.as_mut_slice()?.copy_from_slice(&ids);
+        slot.weights.as_mut_slice()?.copy_from_slice(&weights);
+        self.gpu
+            .copy_from_pinned(&slot.tokens, &mut self.step.tokens)?;
+        self.gpu
+            .copy_from_pinned(&slot.weights, &mut self.step.loss_weights)?;
+        self.next_slot = 1 - k;
+        self.staged = true;
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<(), EngineError> {
+        self.take_staged()?;
+        self.graph.replay(&self.gpu, self.step.replay_view())?;
+        self.after_step()
+    }
+
+    fn metrics(&mut self) -> Result<StepMetrics, EngineError> {
+        if let Some(m) = self.last {
+            return Ok(m);
+        }
+        if !self.stepped {
+            return Err(EngineError::Order("metrics() before step()"));
+        }
+        let m = metrics_of(self.report.as_slice()?);
+        self.last = Some(m);
+        Ok(m)
+    }
+
+    fn eval(&mut self, batch: &Batch) -> Result<EvalOutput, EngineError> {
+        let len = batch.seq_len();
+        if len == 0 || batch.rows == 0 {
+            return Ok(EvalOutput {
+                token_loss: Vec::new(),
+                argmax: Vec::new(),
+            });
+        }
+        // Chunks of at most a training batch's predictions bound the memory.
+        let budget = (self.rows * (self.width - 1)).max(len);
+        let chunk = (budget / len).max(1);
+        let mut out = EvalOutput {
+            token_loss: Vec::with_capacity(batch.rows * len),
+            argmax: Vec::with_capacity(batch.rows * len),
+        };
+        let mut start = 0;
+        while start < batch.rows {
+            let end = (start + chunk).min(batch.rows);
+            let part = self.eval_chunk(&batch.slice_rows(start, end))?;
+            out.token_loss.extend(part.token_loss);
+            out.argmax.extend(part.argmax);
+            start = end;
+        }
+        Ok(out)
+    }
+
+    fn export_state(&mut self) -> Result<EngineState, EngineError> {
+        let gpu = &self.gpu;
+        let weights = self.step.weights.download(gpu)?;
+        let m = self.step.adam.m.download(gpu)?;
+        let v = self.step.adam.v.download(gpu)?;
+        let moments: Vec<Moments> = m
+            .tensors()
+            .into_iter()
+            .zip(v.tensors())
+            .map(|(a, b)| (a.to_vec(), b.to_vec()))
+            .collect();
+        let (steps, skipped) = self.step.control.counters(gpu)?;
+        Ok(EngineState {
+            weights,
+            moments,
+            adam_steps: self.step.sched.steps(gpu)?,
+            steps,
+            skipped,
+        })
+    }
+
+    fn import_state(&mut self, state: EngineState) -> Result<(), EngineError> {
+        check_weights(&self.cfg, &state.weights)?;
+        let specs = param_specs(&self.cfg);
+        if state.moments.len() != specs.len() {
+            return Err(EngineError::State(format!(
+                "{} moment tensors for {} parameters",
+                state.moments.len(),
+                specs.len()
+            )));
+        }
+        for (spec, (m, v)) in specs.iter().zip(&state.moments) {
+            if m.len() != spec.numel() || v.len() != spec.numel() {
+                return Err(EngineError::State(format!(
+                    "moments of `{}` have {} / {} values, expected {}",
+                    spec.name,
+                    m.len(),
+                    v.len(),
+                    spec.numel()
+                )));
+            }
+        }
+        let adam_steps = i32::try_from(state.adam_steps).map_err(|_| {
+            EngineError::State(format!("{} AdamW steps overflow i32", state.adam_steps))
+        })?;
+        let gpu = &self.gpu;
+        // Into the existing allocations: the captured pointers stay valid.
+        for (dst, src) in self
+            .step
+            .weights
+            .tensors_mut()
+            .into_iter()
+            .zip(state.weights.tensors())
+        {
+            gpu.copy_from_host(src, dst)?;
+        }
+        for ((dm, dv), (m, v)) in self
+            .step
+            .adam
+            .m
+            .tensors_mut()
+            .into_iter()
+            .zip(self.step.adam.v.tensors_mut())
+            .zip(&state.moments)
+        {
+            gpu.copy_from_host(m, dm)?;
+            gpu.copy_from_host(v, dv)?;
+        }
+        gpu.copy_from_host(&[adam_steps], &mut self.step.sched.step)?;
+        self.step
+            .control
+            .set_counters(gpu, state.steps, state.skipped)?;
+        self.last = None;
+        self.stepped = false;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_read_the_report_slots() {
+        let mut r = [0.0; report::LEN];
+        r[report::LOSS] = 0.5;
+        r[report::GRAD_NORM] = 2.0;
+        r[report::LR] = 1e-3;
+        r[report::SKIPPED] = 1.0;
+        r[report::SKIPPED_TOTAL] = 3.0;
+        r[report::STEPS] = 17.0;
+        let m = metrics_of(&r);
+        assert_eq!(
+            m,
+            StepMetrics {
+                step: 17,
+                loss: 0.5,
+                grad_norm: 2.0,
+                lr: 1e-3,
+                skipped: true,
+                skipped_total: 3,
+            }
+        );
+        assert!(metrics_of(&[]).loss.is_nan());
+    }
+}
