@@ -14,11 +14,13 @@ use std::sync::MutexGuard;
 use stepgraph::device::Gpu;
 use stepgraph::mamba3::Mamba3Config;
 use stepgraph::mamba3::cpu::Weights;
+use stepgraph::mamba3::gpu::{Bf16Step, F32Step};
 use stepgraph::optim::{AdamWConfig, DecayPolicy};
 use stepgraph::train::data::{Batch, DataSpec, Dataset, Task};
 use stepgraph::train::run::rotation_rows;
 use stepgraph::train::{
-    CpuEngine, EngineState, GpuF32Engine, LrSchedule, OptimSettings, StepMetrics, TrainEngine,
+    CpuEngine, EngineState, GpuEngine, GpuF32Engine, GraphStep, LrSchedule, OptimSettings,
+    StepMetrics, TrainEngine,
 };
 
 fn cfg() -> Mamba3Config {
@@ -79,7 +81,17 @@ fn gpu_engine(
     rows: usize,
     width: usize,
 ) -> GpuF32Engine {
-    let mut e = GpuF32Engine::new(gpu, cfg(), w, s, rows, width).expect("gpu engine");
+    engine_of::<F32Step>(gpu, w, s, rows, width)
+}
+
+fn engine_of<S: GraphStep>(
+    gpu: Gpu,
+    w: &Weights<f32>,
+    s: &OptimSettings,
+    rows: usize,
+    width: usize,
+) -> GpuEngine<S> {
+    let mut e = GpuEngine::<S>::new(gpu, cfg(), w, s, rows, width).expect("gpu engine");
     e.set_schedule(SCHEDULE);
     e
 }
@@ -304,29 +316,28 @@ fn frozen_slices_never_move() {
     );
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn resume_is_bit_identical() {
+/// N steps straight equal N/2, export, a fresh engine importing, N/2.
+fn resume_case<S: GraphStep>() {
     let w = Weights::<f32>::init(&cfg(), 16).expect("weights");
     let (batches, width) = parity(8, 8, 9);
     let s = settings(Some(0.5));
     let straight = {
         let (gpu, _lock) = context();
-        let mut e = gpu_engine(gpu, &w, &s, 8, width);
+        let mut e = engine_of::<S>(gpu, &w, &s, 8, width);
         let m = run(&mut e, &batches);
         (m, e.export_state().unwrap())
     };
     let half = {
         let (gpu, _lock) = context();
-        let mut e = gpu_engine(gpu, &w, &s, 8, width);
+        let mut e = engine_of::<S>(gpu, &w, &s, 8, width);
         run(&mut e, &batches[..4]);
         e.export_state().unwrap()
     };
     let resumed = {
         let (gpu, _lock) = context();
-        // Fresh weights: everything must come from the imported state.
+        // Other weights: everything must come from the imported state.
         let other = Weights::<f32>::init(&cfg(), 99).expect("weights");
-        let mut e = gpu_engine(gpu, &other, &s, 8, width);
+        let mut e = engine_of::<S>(gpu, &other, &s, 8, width);
         e.import_state(half).unwrap();
         let m = run(&mut e, &batches[4..]);
         (m, e.export_state().unwrap())
@@ -339,20 +350,19 @@ fn resume_is_bit_identical() {
     );
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn graph_replay_matches_eager_bit_for_bit() {
+/// Ten replayed steps equal ten eager ones, metrics and state, bit for bit.
+fn replay_case<S: GraphStep>() {
     let w = Weights::<f32>::init(&cfg(), 17).expect("weights");
     let (batches, width) = parity(10, 8, 10);
     let s = settings(Some(0.5));
     let replayed = {
         let (gpu, _lock) = context();
-        let mut e = gpu_engine(gpu, &w, &s, 8, width);
+        let mut e = engine_of::<S>(gpu, &w, &s, 8, width);
         (run(&mut e, &batches), e.export_state().unwrap())
     };
     let eager = {
         let (gpu, _lock) = context();
-        let mut e = gpu_engine(gpu, &w, &s, 8, width);
+        let mut e = engine_of::<S>(gpu, &w, &s, 8, width);
         let m: Vec<StepMetrics> = batches
             .iter()
             .map(|b| {
@@ -365,4 +375,60 @@ fn graph_replay_matches_eager_bit_for_bit() {
     };
     assert_eq!(replayed.0, eager.0);
     assert_eq!(state_bits(&replayed.1), state_bits(&eager.1));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn resume_is_bit_identical() {
+    resume_case::<F32Step>();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_replay_matches_eager_bit_for_bit() {
+    replay_case::<F32Step>();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_resume_is_bit_identical() {
+    resume_case::<Bf16Step>();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_graph_replay_matches_eager_bit_for_bit() {
+    replay_case::<Bf16Step>();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_engine_tracks_the_f32_engine() {
+    let w = Weights::<f32>::init(&cfg(), 18).expect("weights");
+    let (batches, width) = parity(20, 16, 11);
+    let s = settings(Some(1.0));
+    let m32 = {
+        let (gpu, _lock) = context();
+        run(&mut engine_of::<F32Step>(gpu, &w, &s, 16, width), &batches)
+    };
+    let (m16, info) = {
+        let (gpu, _lock) = context();
+        let mut e = engine_of::<Bf16Step>(gpu, &w, &s, 16, width);
+        (run(&mut e, &batches), e.info())
+    };
+    assert_eq!(info.precision, "bf16");
+    for (a, b) in m32.iter().zip(&m16) {
+        println!(
+            "step {}: loss f32 {:.5} bf16 {:.5} | norm {:.4} {:.4}",
+            a.step, a.loss, b.loss, a.grad_norm, b.grad_norm
+        );
+        assert_eq!((a.step, a.lr, a.skipped), (b.step, b.lr, b.skipped));
+    }
+    assert!(rel(m16[0].loss, m32[0].loss) < 2e-2, "first loss");
+    assert!(rel(m16[0].grad_norm, m32[0].grad_norm) < 5e-2, "first norm");
+    let mean = |m: &[StepMetrics]| m.iter().map(|x| x.loss).sum::<f64>() / m.len() as f64;
+    assert!(
+        rel(mean(&m16[15..]), mean(&m32[15..])) < 5e-2,
+        "last losses"
+    );
 }

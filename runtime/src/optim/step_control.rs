@@ -27,7 +27,7 @@ use crate::device::{DeviceBuffer, Gpu, GpuError};
 use crate::kernels::train as kt;
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu::param_specs;
-use crate::mamba3::gpu::{Acts, Grads, Mamba3GpuError, Weights};
+use crate::mamba3::gpu::{Acts, Grads, Mamba3GpuError, MixedWeights, Weights};
 
 use super::gpu::{AdamWState, StepScalars};
 
@@ -177,11 +177,11 @@ pub fn loss_weights_for(rows: usize, scored: impl Fn(usize) -> bool) -> Option<V
 
 /// Replaces the plain mean loss by the weighted one and masks the logits of
 /// unweighted predictions (see the [module docs](self)).
-pub fn apply_loss_weights(
+pub fn apply_loss_weights<B>(
     gpu: &Gpu,
     tokens: &DeviceBuffer<i32>,
     loss_weights: &DeviceBuffer<f32>,
-    acts: &mut Acts,
+    acts: &mut Acts<B>,
     loss: &mut DeviceBuffer<f32>,
     control: &mut StepControl,
 ) -> Result<(), Mamba3GpuError> {
@@ -295,6 +295,20 @@ pub fn adamw_guarded(
         kt::adamw_gated(gpu, p, g, m, v, &sched.derived, &control.gate, decay)?;
     }
     Ok(())
+}
+
+/// [`adamw_guarded`] on the f32 masters of a mixed-precision step; the
+/// bf16 copies are refreshed by the step's next op
+/// (`mamba3::gpu::sync_master_to_compute`).
+pub fn adamw_guarded_mixed(
+    gpu: &Gpu,
+    grads: &Grads,
+    sched: &StepScalars,
+    control: &StepControl,
+    weights: &mut MixedWeights,
+    adam: &mut AdamWState,
+) -> Result<(), Mamba3GpuError> {
+    adamw_guarded(gpu, grads, sched, control, &mut weights.master, adam)
 }
 
 #[cfg(test)]

@@ -26,19 +26,209 @@ use super::engine::{
 };
 use super::schedule::LrSchedule;
 use crate::device::{DeviceBuffer, Gpu, PinnedBuffer};
-use crate::graph::ShapeKey;
+use crate::graph::{GraphError, ShapeKey};
 use crate::kernels::train as kt;
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu::{Weights, check_weights, param_specs};
-use crate::mamba3::gpu::{Acts, F32Step, Mamba3F32Graph, forward};
+use crate::mamba3::gpu::{
+    Acts, Bf16Step, F32Step, Mamba3Bf16Graph, Mamba3F32Graph, Mamba3GpuError, MixedActs, forward,
+    forward_mixed, sync_master_to_compute,
+};
+use crate::optim::gpu::{AdamWState, StepScalars};
 use crate::optim::step_control::{FrozenSlice, StepControl, loss_weights_for, report};
+use crate::optim::{AdamWConfig, DecayPolicy};
 
 /// Most eval activation shapes kept at once.
 const EVAL_SHAPES: usize = 8;
 
+/// What the engine needs of a graph-captured step (`F32Step`, `Bf16Step`):
+/// one engine body serves both precisions.
+pub trait GraphStep: Sized {
+    /// The captured graph.
+    type Graph;
+    /// Activations of an eval forward pass.
+    type EvalActs;
+    /// `f32` or `bf16`.
+    const PRECISION: &'static str;
+    /// Uploads `weights` and allocates a `batch x seq_len` step.
+    fn build(
+        gpu: &Gpu,
+        cfg: &Mamba3Config,
+        weights: &Weights<f32>,
+        adamw: &AdamWConfig,
+        policy: &DecayPolicy,
+        batch: usize,
+        seq_len: usize,
+    ) -> Result<Self, Mamba3GpuError>;
+    /// Captures the step's graph.
+    fn capture(&mut self, gpu: &Gpu, shape: ShapeKey) -> Result<Self::Graph, GraphError>;
+    /// One guarded replay.
+    fn replay(&self, graph: &Self::Graph, gpu: &Gpu) -> Result<(), GraphError>;
+    /// The same ops, eagerly.
+    fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError>;
+    /// f32 master weights.
+    fn master(&self) -> &crate::mamba3::gpu::Weights;
+    /// f32 master weights, mutably.
+    fn master_mut(&mut self) -> &mut crate::mamba3::gpu::Weights;
+    /// AdamW moments, mutably.
+    fn adam_mut(&mut self) -> &mut AdamWState;
+    /// AdamW's device scalars, mutably.
+    fn sched_mut(&mut self) -> &mut StepScalars;
+    /// The step's control scalars, mutably.
+    fn control_mut(&mut self) -> &mut StepControl;
+    /// The two inputs: token ids and loss weights.
+    fn inputs_mut(&mut self) -> (&mut DeviceBuffer<i32>, &mut DeviceBuffer<f32>);
+    /// Refreshes anything derived from the masters after they were
+    /// overwritten from the host (bf16 compute copies).
+    fn masters_changed(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError>;
+    /// Eval activations for `rows x len`.
+    fn eval_acts(
+        gpu: &Gpu,
+        cfg: &Mamba3Config,
+        rows: usize,
+        len: usize,
+    ) -> Result<Self::EvalActs, Mamba3GpuError>;
+    /// The forward op on eval buffers.
+    fn eval_forward(
+        &self,
+        gpu: &Gpu,
+        tokens: &DeviceBuffer<i32>,
+        acts: &mut Self::EvalActs,
+        loss: &mut DeviceBuffer<f32>,
+    ) -> Result<(), Mamba3GpuError>;
+    /// `(logits, per-prediction loss)` of an eval pass.
+    fn eval_out(acts: &Self::EvalActs) -> (&DeviceBuffer<f32>, &DeviceBuffer<f32>);
+}
+
+/// Implements [`GraphStep`] for a derived step; the two steps differ only in
+/// their types and the forward op.
+macro_rules! graph_step {
+    ($step:ty, $graph:ty, $acts:ty, $prec:literal, $fwd:path, $master:path, $sync:path) => {
+        impl GraphStep for $step {
+            type Graph = $graph;
+            type EvalActs = $acts;
+            const PRECISION: &'static str = $prec;
+
+            fn build(
+                gpu: &Gpu,
+                cfg: &Mamba3Config,
+                weights: &Weights<f32>,
+                adamw: &AdamWConfig,
+                policy: &DecayPolicy,
+                batch: usize,
+                seq_len: usize,
+            ) -> Result<Self, Mamba3GpuError> {
+                <$step>::new(gpu, cfg, weights, adamw, policy, batch, seq_len)
+            }
+
+            fn capture(&mut self, gpu: &Gpu, shape: ShapeKey) -> Result<$graph, GraphError> {
+                <$graph>::capture(gpu, self.capture_view(), shape)
+            }
+
+            fn replay(&self, graph: &$graph, gpu: &Gpu) -> Result<(), GraphError> {
+                graph.replay(gpu, self.replay_view())
+            }
+
+            fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError> {
+                self.run_eager(gpu)
+            }
+
+            fn master(&self) -> &crate::mamba3::gpu::Weights {
+                crate::mamba3::gpu::StepWeights::master(&self.weights)
+            }
+
+            fn master_mut(&mut self) -> &mut crate::mamba3::gpu::Weights {
+                $master(&mut self.weights)
+            }
+
+            fn adam_mut(&mut self) -> &mut AdamWState {
+                &mut self.adam
+            }
+
+            fn sched_mut(&mut self) -> &mut StepScalars {
+                &mut self.sched
+            }
+
+            fn control_mut(&mut self) -> &mut StepControl {
+                &mut self.control
+            }
+
+            fn inputs_mut(&mut self) -> (&mut DeviceBuffer<i32>, &mut DeviceBuffer<f32>) {
+                (&mut self.tokens, &mut self.loss_weights)
+            }
+
+            fn masters_changed(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError> {
+                $sync(gpu, &mut self.weights)
+            }
+
+            fn eval_acts(
+                gpu: &Gpu,
+                cfg: &Mamba3Config,
+                rows: usize,
+                len: usize,
+            ) -> Result<$acts, Mamba3GpuError> {
+                <$acts>::new(gpu, cfg, rows, len)
+            }
+
+            fn eval_forward(
+                &self,
+                gpu: &Gpu,
+                tokens: &DeviceBuffer<i32>,
+                acts: &mut $acts,
+                loss: &mut DeviceBuffer<f32>,
+            ) -> Result<(), Mamba3GpuError> {
+                $fwd(gpu, &self.weights, tokens, acts, loss)
+            }
+
+            fn eval_out(acts: &$acts) -> (&DeviceBuffer<f32>, &DeviceBuffer<f32>) {
+                (&acts.logits, &acts.row_loss)
+            }
+        }
+    };
+}
+
+graph_step!(
+    F32Step,
+    Mamba3F32Graph,
+    Acts,
+    "f32",
+    forward,
+    own_master,
+    nothing_derived
+);
+graph_step!(
+    Bf16Step,
+    Mamba3Bf16Graph,
+    MixedActs,
+    "bf16",
+    forward_mixed,
+    mixed_master,
+    sync_master_to_compute
+);
+
+/// The f32 step's weights are their own masters.
+fn own_master(w: &mut crate::mamba3::gpu::Weights) -> &mut crate::mamba3::gpu::Weights {
+    w
+}
+
+/// The f32 masters of a mixed step.
+fn mixed_master(w: &mut crate::mamba3::gpu::MixedWeights) -> &mut crate::mamba3::gpu::Weights {
+    &mut w.master
+}
+
+/// The f32 step keeps no copies of its weights.
+fn nothing_derived(_: &Gpu, _: &mut crate::mamba3::gpu::Weights) -> Result<(), Mamba3GpuError> {
+    Ok(())
+}
+
+/// The f32 engine.
+pub type GpuF32Engine = GpuEngine<F32Step>;
+/// The bf16 mixed-precision engine (f32 masters and moments).
+pub type GpuBf16Engine = GpuEngine<Bf16Step>;
+
 /// Buffers of one eval shape.
-struct EvalBufs {
-    acts: Acts,
+struct EvalBufs<A> {
+    acts: A,
     tokens: DeviceBuffer<i32>,
     loss: DeviceBuffer<f32>,
     argmax: DeviceBuffer<u32>,
@@ -50,14 +240,14 @@ struct Staging {
     weights: PinnedBuffer<f32>,
 }
 
-/// The f32 graph-captured step as a [`TrainEngine`]; see the [module
+/// A graph-captured step as a [`TrainEngine`]; see the [module
 /// docs](self).
-pub struct GpuF32Engine {
+pub struct GpuEngine<S: GraphStep> {
     // Field order is drop order: the graph before the buffers it points
     // into, every buffer before the context.
-    graph: Mamba3F32Graph,
-    step: F32Step,
-    eval: HashMap<(usize, usize), EvalBufs>,
+    graph: S::Graph,
+    step: S,
+    eval: HashMap<(usize, usize), EvalBufs<S::EvalActs>>,
     staging: [Staging; 2],
     next_slot: usize,
     report: PinnedBuffer<f64>,
@@ -71,7 +261,7 @@ pub struct GpuF32Engine {
     gpu: Gpu,
 }
 
-impl GpuF32Engine {
+impl<S: GraphStep> GpuEngine<S> {
     /// Uploads `weights`, allocates a step for `rows x width` token batches
     /// (`width = T + 1`) and captures it.
     pub fn new(
@@ -89,7 +279,7 @@ impl GpuF32Engine {
             )));
         }
         let len = width - 1;
-        let mut step = F32Step::new(
+        let mut step = S::build(
             &gpu,
             &cfg,
             weights,
@@ -107,11 +297,10 @@ impl GpuF32Engine {
                 end: f.end,
             })
             .collect();
-        step.control = StepControl::new(&gpu, &cfg, settings.adam.lr, frozen)?;
-        step.control.set_clip(&gpu, settings.clip)?;
-        let graph = Mamba3F32Graph::capture(
+        *step.control_mut() = StepControl::new(&gpu, &cfg, settings.adam.lr, frozen)?;
+        step.control_mut().set_clip(&gpu, settings.clip)?;
+        let graph = step.capture(
             &gpu,
-            step.capture_view(),
             ShapeKey {
                 batch: rows,
                 seq_len: len,
@@ -149,7 +338,7 @@ impl GpuF32Engine {
     }
 
     /// The captured step's buffers.
-    pub fn step_buffers(&self) -> &F32Step {
+    pub fn step_buffers(&self) -> &S {
         &self.step
     }
 
@@ -157,7 +346,7 @@ impl GpuF32Engine {
     /// compare the two); the same ops, in spec order.
     pub fn step_eager(&mut self) -> Result<(), EngineError> {
         self.take_staged()?;
-        self.step.run_eager(&self.gpu)?;
+        self.step.eager(&self.gpu)?;
         self.after_step()
     }
 
@@ -170,7 +359,7 @@ impl GpuF32Engine {
         self.staged = false;
         if let Some(s) = self.schedule.take() {
             self.step
-                .control
+                .control_mut()
                 .set_schedule(&self.gpu, s.peak, s.min_lr, s.warmup, s.total)?;
         }
         Ok(())
@@ -178,7 +367,7 @@ impl GpuF32Engine {
 
     fn after_step(&mut self) -> Result<(), EngineError> {
         self.gpu
-            .copy_to_pinned(&self.step.control.report, &mut self.report)?;
+            .copy_to_pinned(&self.step.control_mut().report, &mut self.report)?;
         self.stepped = true;
         self.last = None;
         Ok(())
@@ -207,7 +396,7 @@ impl GpuF32Engine {
                 self.eval.clear();
             }
             let bufs = EvalBufs {
-                acts: Acts::new(&self.gpu, &self.cfg, rows, len)?,
+                acts: S::eval_acts(&self.gpu, &self.cfg, rows, len)?,
                 tokens: self.gpu.alloc_zeros::<i32>(rows * batch.width)?,
                 loss: self.gpu.alloc_zeros::<f32>(1)?,
                 argmax: self.gpu.alloc_zeros::<u32>(rows * len)?,
@@ -216,23 +405,24 @@ impl GpuF32Engine {
         }
         let mut ids = vec![0i32; batch.tokens.len()];
         self.check_ids(batch, &mut ids)?;
-        let (gpu, w, cfg) = (&self.gpu, &self.step.weights, &self.cfg);
+        let (gpu, step, cfg) = (&self.gpu, &self.step, &self.cfg);
         let bufs = self
             .eval
             .get_mut(&(rows, len))
             .ok_or(EngineError::Order("eval buffers missing"))?;
         gpu.copy_from_host(&ids, &mut bufs.tokens)?;
-        forward(gpu, w, &bufs.tokens, &mut bufs.acts, &mut bufs.loss)?;
+        step.eval_forward(gpu, &bufs.tokens, &mut bufs.acts, &mut bufs.loss)?;
+        let (logits, row_loss) = S::eval_out(&bufs.acts);
         kt::argmax(
             gpu,
-            &bufs.acts.logits,
+            logits,
             cfg.padded_vocab_size(),
             cfg.vocab_size,
             rows * len,
             &mut bufs.argmax,
         )?;
         Ok(EvalOutput {
-            token_loss: gpu.to_host(&bufs.acts.row_loss)?,
+            token_loss: gpu.to_host(row_loss)?,
             argmax: gpu.to_host(&bufs.argmax)?,
         })
     }
@@ -253,11 +443,11 @@ fn metrics_of(r: &[f64]) -> StepMetrics {
     }
 }
 
-impl TrainEngine for GpuF32Engine {
+impl<S: GraphStep> TrainEngine for GpuEngine<S> {
     fn info(&self) -> EngineInfo {
         EngineInfo {
             name: "cuda graph".into(),
-            precision: "f32",
+            precision: S::PRECISION,
             device: self.gpu.info().name.clone(),
         }
     }
@@ -294,10 +484,9 @@ impl TrainEngine for GpuF32Engine {
         // Waits only for this slot's previous upload, two batches ago.
         slot.tokens.as_mut_slice()?.copy_from_slice(&ids);
         slot.weights.as_mut_slice()?.copy_from_slice(&weights);
-        self.gpu
-            .copy_from_pinned(&slot.tokens, &mut self.step.tokens)?;
-        self.gpu
-            .copy_from_pinned(&slot.weights, &mut self.step.loss_weights)?;
+        let (tokens, loss_weights) = self.step.inputs_mut();
+        self.gpu.copy_from_pinned(&slot.tokens, tokens)?;
+        self.gpu.copy_from_pinned(&slot.weights, loss_weights)?;
         self.next_slot = 1 - k;
         self.staged = true;
         Ok(())
@@ -305,7 +494,7 @@ impl TrainEngine for GpuF32Engine {
 
     fn step(&mut self) -> Result<(), EngineError> {
         self.take_staged()?;
-        self.graph.replay(&self.gpu, self.step.replay_view())?;
+        self.step.replay(&self.graph, &self.gpu)?;
         self.after_step()
     }
 
@@ -349,20 +538,20 @@ impl TrainEngine for GpuF32Engine {
 
     fn export_state(&mut self) -> Result<EngineState, EngineError> {
         let gpu = &self.gpu;
-        let weights = self.step.weights.download(gpu)?;
-        let m = self.step.adam.m.download(gpu)?;
-        let v = self.step.adam.v.download(gpu)?;
+        let weights = self.step.master().download(gpu)?;
+        let m = self.step.adam_mut().m.download(gpu)?;
+        let v = self.step.adam_mut().v.download(gpu)?;
         let moments: Vec<Moments> = m
             .tensors()
             .into_iter()
             .zip(v.tensors())
             .map(|(a, b)| (a.to_vec(), b.to_vec()))
             .collect();
-        let (steps, skipped) = self.step.control.counters(gpu)?;
+        let (steps, skipped) = self.step.control_mut().counters(gpu)?;
         Ok(EngineState {
             weights,
             moments,
-            adam_steps: self.step.sched.steps(gpu)?,
+            adam_steps: self.step.sched_mut().steps(gpu)?,
             steps,
             skipped,
         })
@@ -396,28 +585,28 @@ impl TrainEngine for GpuF32Engine {
         // Into the existing allocations: the captured pointers stay valid.
         for (dst, src) in self
             .step
-            .weights
+            .master_mut()
             .tensors_mut()
             .into_iter()
             .zip(state.weights.tensors())
         {
             gpu.copy_from_host(src, dst)?;
         }
-        for ((dm, dv), (m, v)) in self
-            .step
-            .adam
+        self.step.masters_changed(gpu)?;
+        let adam = self.step.adam_mut();
+        for ((dm, dv), (m, v)) in adam
             .m
             .tensors_mut()
             .into_iter()
-            .zip(self.step.adam.v.tensors_mut())
+            .zip(adam.v.tensors_mut())
             .zip(&state.moments)
         {
             gpu.copy_from_host(m, dm)?;
             gpu.copy_from_host(v, dv)?;
         }
-        gpu.copy_from_host(&[adam_steps], &mut self.step.sched.step)?;
+        gpu.copy_from_host(&[adam_steps], &mut self.step.sched_mut().step)?;
         self.step
-            .control
+            .control_mut()
             .set_counters(gpu, state.steps, state.skipped)?;
         self.last = None;
         self.stepped = false;

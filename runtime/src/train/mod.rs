@@ -24,7 +24,7 @@ pub use engine::{
     EngineError, EngineInfo, EngineState, EvalOutput, Frozen, OptimSettings, StepMetrics,
     TrainEngine,
 };
-pub use gpu::GpuF32Engine;
+pub use gpu::{GpuBf16Engine, GpuEngine, GpuF32Engine, GraphStep};
 pub use run::{Device, Precision, RunSummary, TrainOptions, train};
 pub use schedule::LrSchedule;
 

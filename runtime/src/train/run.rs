@@ -16,7 +16,7 @@ use super::checkpoint::{self, CHECKPOINTS_DIR, TrainState};
 use super::cpu::CpuEngine;
 use super::data::{DataSpec, Dataset, EvalSet};
 use super::engine::{Frozen, OptimSettings, TrainEngine};
-use super::gpu::GpuF32Engine;
+use super::gpu::{GpuBf16Engine, GpuF32Engine};
 use super::report::{self, EvalResult, MetricsLog, Progress, ProgressMode};
 use super::schedule::LrSchedule;
 use crate::device::Gpu;
@@ -190,10 +190,6 @@ pub fn resolve_device(device: Device, precision: Precision) -> Result<Resolved, 
     match (&resolved, precision) {
         (Resolved::Cpu(_), Precision::Bf16) => Err(TrainError::NoEngine(
             "--precision bf16 needs a GPU engine; the CPU engine trains in f32 (use --precision f32)"
-                .into(),
-        )),
-        (Resolved::Cuda(_), Precision::Bf16) => Err(TrainError::NoEngine(
-            "--precision bf16: the bf16 GPU training engine is not wired in yet; use --precision f32"
                 .into(),
         )),
         _ => Ok(resolved),
@@ -480,17 +476,18 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, Train
             Box::new(CpuEngine::new(cfg.clone(), weights, settings)?),
             notice,
         ),
-        Resolved::Cuda(gpu) => (
-            Box::new(GpuF32Engine::new(
-                *gpu,
-                cfg.clone(),
-                &weights,
-                &settings,
-                opts.batch,
-                data.train_width(),
-            )?),
-            None,
-        ),
+        Resolved::Cuda(gpu) => {
+            let (gpu, c, width) = (*gpu, cfg.clone(), data.train_width());
+            let engine: Box<dyn TrainEngine> = match opts.precision {
+                Precision::F32 => Box::new(GpuF32Engine::new(
+                    gpu, c, &weights, &settings, opts.batch, width,
+                )?),
+                Precision::Bf16 => Box::new(GpuBf16Engine::new(
+                    gpu, c, &weights, &settings, opts.batch, width,
+                )?),
+            };
+            (engine, None)
+        }
     };
     let run_dir = match &resumed {
         Some((dir, ckpt_cfg, state, tstate)) => {

@@ -15,6 +15,7 @@ use crate::mamba3::cpu;
 use crate::optim::AdamWConfig;
 use crate::optim::DecayPolicy;
 use crate::optim::gpu::{AdamWState, StepScalars};
+use crate::optim::step_control::{StepControl, loss_weights_for};
 
 use super::acts::MixedActs;
 use super::mixed::{MixedWeights, presize_staging};
@@ -35,9 +36,13 @@ pub struct Bf16Step {
     pub grads: Grads,
     /// Forward activations (bf16 GEMM operands, f32 otherwise).
     pub acts: MixedActs,
+    /// Schedule, clipping, skip counters and the step's report.
+    pub control: StepControl,
     /// `[batch, seq_len + 1]` token ids (written by the host before a step).
     pub tokens: DeviceBuffer<i32>,
-    /// Mean loss of the last step.
+    /// `[batch * seq_len]` loss weight per prediction (written by the host).
+    pub loss_weights: DeviceBuffer<f32>,
+    /// Weighted loss of the last step.
     pub loss: DeviceBuffer<f32>,
 }
 
@@ -55,13 +60,22 @@ impl Bf16Step {
     ) -> Result<Self, Mamba3GpuError> {
         let acts = MixedActs::new(gpu, cfg, batch, seq_len)?;
         presize_staging::<half::bf16>(gpu, &acts.shape)?;
+        let rows = acts.shape.rows;
+        // Equal weights (the plain mean), constant lr, no clipping.
+        let uniform = loss_weights_for(rows, |_| true).ok_or(Mamba3GpuError::Shape {
+            what: "predictions per step",
+            expected: 1,
+            found: rows,
+        })?;
         Ok(Self {
             weights: MixedWeights::upload(gpu, cfg, weights)?,
             adam: AdamWState::new(gpu, cfg, policy)?,
             sched: StepScalars::new(gpu, adamw)?,
             grads: Grads::new(gpu, cfg, batch, seq_len)?,
             acts,
+            control: StepControl::new(gpu, cfg, adamw.lr, Vec::new())?,
             tokens: gpu.alloc_zeros::<i32>(batch * (seq_len + 1))?,
+            loss_weights: gpu.to_device(&uniform)?,
             loss: gpu.alloc_zeros::<f32>(1)?,
         })
     }
