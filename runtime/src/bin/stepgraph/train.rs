@@ -67,7 +67,7 @@ pub struct Args {
     /// Ablation: no state rotation (the angle projections stay zero).
     #[arg(long)]
     no_rotation: bool,
-    /// Where the step runs: auto picks a GPU engine when one is available.
+    /// Where the step runs: auto is the GPU when one can be opened, else the CPU (with a notice).
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
     /// Compute precision (bf16 needs a GPU).
