@@ -13,13 +13,15 @@
 //! * [`mamba3`]: the Mamba-3 SISO language model (CPU float64 oracle first);
 //! * [`optim`]: AdamW with torch semantics;
 //! * [`train`]: data, the step-engine seam, the CPU engine, checkpoints and
-//!   the training loop behind `stepgraph train`.
+//!   the training loop behind `stepgraph train`;
+//! * [`bench`]: step time, tokens/s, MFU and cold start behind `stepgraph bench`.
 //!
 //! The `stepgraph` binary wraps all of it: `train`, `eval`, `bench`, `check`.
 
 // The derive emits `::stepgraph::...` paths; this lets the crate use its own derive.
 extern crate self as stepgraph;
 
+pub mod bench;
 pub mod device;
 pub mod graph;
 pub mod kernels;

@@ -262,6 +262,13 @@ impl Gpu {
         &self.info
     }
 
+    /// `(free, total)` device memory in bytes, as the driver reports it
+    /// (`cuMemGetInfo`): what the bench reads before and after building a
+    /// step to report its footprint.
+    pub fn mem_info(&self) -> Result<(usize, usize), GpuError> {
+        self.ctx.mem_get_info().during("read free device memory")
+    }
+
     /// How each kernel module was obtained at start-up (cache hit or compile,
     /// and how long it took).
     pub fn compile_reports(&self) -> &[CompileReport] {

@@ -2,6 +2,7 @@
 //! `bench` models. Each subcommand lives in its own module; this file only parses
 //! arguments and maps outcomes to exit codes (0 ok, 1 failure, 2 usage error).
 
+mod bench;
 mod check;
 mod eval;
 mod init;
@@ -21,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Step time, tokens/s and MFU of the training step, eager vs graph.
+    Bench(Box<bench::Args>),
     /// Check step specs with the same rules as `#[derive(TrainingGraph)]`.
     Check(check::Args),
     /// Mean next-token cross-entropy of a checkpoint on a token file (CPU reference).
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
+        Command::Bench(args) => bench::run(&args),
         Command::Check(args) => check::run(&args),
         Command::Eval(args) => eval::run(&args),
         Command::Init(args) => init::run(&args),

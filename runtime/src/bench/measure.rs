@@ -1,0 +1,503 @@
+//! The bench of one configuration at one precision: full LM step and
+//! backbone step, eager and graph, the per-op breakdown, memory, and the
+//! check that the bench's rebuilt op sequence still computes what the step
+//! computes. [`BenchStep`] and [`BenchBackbone`] are what a precision
+//! supplies; [`bench_with`] is the same for both.
+
+use std::collections::BTreeMap;
+
+use rand::{Rng as _, SeedableRng as _};
+use rand_chacha::ChaCha8Rng;
+
+use crate::device::{DeviceBuffer, Gpu, GpuError};
+use crate::graph::{GraphError, ShapeKey};
+use crate::kernels::mamba3::Mamba3Shape;
+use crate::mamba3::gpu::{
+    Acts, Bf16Step, F32Step, Grads, Mamba3Bf16Graph, Mamba3F32Graph, Mamba3GpuError, MixedWeights,
+    StepWeights, Weights, backward, backward_mixed, forward, forward_mixed,
+};
+use crate::mamba3::{Mamba3Config, cpu};
+use crate::optim::{AdamWConfig, DecayPolicy};
+
+use super::backbone::{BackboneBf16Graph, BackboneBf16Step, BackboneGraph, BackboneStep};
+use super::flops::{param_count, step_flops};
+use super::layer::{Family, OpSample, Probe, lm_backward, lm_forward, zero_grads};
+use super::report::{
+    Breakdown, ConfigOutcome, ConfigReport, FamilyTime, Memory, OpTime, Shape, Skipped, StepResult,
+};
+use super::timing::{Ceiling, Stats, free_bytes, time_reps, used_bytes};
+use super::{BenchConfig, BenchError, BenchOptions};
+
+/// The buffers of a full step the bench reaches into.
+pub struct Parts<'a, W: StepWeights> {
+    /// Weights (masters and compute copies).
+    pub weights: &'a W,
+    /// Token window.
+    pub tokens: &'a DeviceBuffer<i32>,
+    /// Forward activations.
+    pub acts: &'a mut Acts<DeviceBuffer<W::T>>,
+    /// Loss.
+    pub loss: &'a mut DeviceBuffer<f32>,
+    /// Gradients.
+    pub grads: &'a mut Grads,
+}
+
+/// A full training step the bench can build, run, capture and take apart.
+pub trait BenchStep: Sized {
+    /// Its weights.
+    type W: StepWeights;
+    /// Its captured graph.
+    type Graph;
+    /// Bytes per element of a GEMM operand (4 in f32, 2 in bf16).
+    const OPERAND_BYTES: u64;
+    /// Builds the step from CPU weights.
+    fn build(
+        gpu: &Gpu,
+        cfg: &Mamba3Config,
+        w: &cpu::Weights<f32>,
+        batch: usize,
+        len: usize,
+    ) -> Result<Self, Mamba3GpuError>;
+    /// Uploads a token window.
+    fn tokens(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<(), Mamba3GpuError>;
+    /// One eager step.
+    fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError>;
+    /// Captures the step.
+    fn capture(&mut self, gpu: &Gpu, key: ShapeKey) -> Result<Self::Graph, GraphError>;
+    /// Replays a capture.
+    fn replay(&self, graph: &Self::Graph, gpu: &Gpu) -> Result<(), GraphError>;
+    /// The buffers.
+    fn parts(&mut self) -> Parts<'_, Self::W>;
+    /// The step's own forward op.
+    fn forward_op(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError>;
+    /// The step's own backward op.
+    fn backward_op(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError>;
+}
+
+/// A backbone-only step the bench can build, run and capture.
+pub trait BenchBackbone: Sized {
+    /// Its captured graph.
+    type Graph;
+    /// Builds it with random activations and upstream gradient.
+    fn build(
+        gpu: &Gpu,
+        cfg: &Mamba3Config,
+        batch: usize,
+        len: usize,
+        seed: u64,
+    ) -> Result<Self, Mamba3GpuError>;
+    /// One eager step.
+    fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError>;
+    /// Captures the step.
+    fn capture(&mut self, gpu: &Gpu, key: ShapeKey) -> Result<Self::Graph, GraphError>;
+    /// Replays a capture.
+    fn replay(&self, graph: &Self::Graph, gpu: &Gpu) -> Result<(), GraphError>;
+}
+
+macro_rules! full_step {
+    ($step:ty, $w:ty, $graph:ty, $bytes:expr, $fwd:path, $bwd:path) => {
+        impl BenchStep for $step {
+            type W = $w;
+            type Graph = $graph;
+            const OPERAND_BYTES: u64 = $bytes;
+            fn build(
+                gpu: &Gpu,
+                cfg: &Mamba3Config,
+                w: &cpu::Weights<f32>,
+                batch: usize,
+                len: usize,
+            ) -> Result<Self, Mamba3GpuError> {
+                let (a, p) = (AdamWConfig::default(), DecayPolicy::default());
+                <$step>::new(gpu, cfg, w, &a, &p, batch, len)
+            }
+            fn tokens(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<(), Mamba3GpuError> {
+                self.set_tokens(gpu, ids)
+            }
+            fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError> {
+                self.run_eager(gpu)
+            }
+            fn capture(&mut self, gpu: &Gpu, key: ShapeKey) -> Result<$graph, GraphError> {
+                <$graph>::capture(gpu, self.capture_view(), key)
+            }
+            fn replay(&self, graph: &$graph, gpu: &Gpu) -> Result<(), GraphError> {
+                graph.replay(gpu, self.replay_view())
+            }
+            fn parts(&mut self) -> Parts<'_, $w> {
+                Parts {
+                    weights: &self.weights,
+                    tokens: &self.tokens,
+                    acts: &mut self.acts,
+                    loss: &mut self.loss,
+                    grads: &mut self.grads,
+                }
+            }
+            fn forward_op(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError> {
+                $fwd(
+                    gpu,
+                    &self.weights,
+                    &self.tokens,
+                    &mut self.acts,
+                    &mut self.loss,
+                )
+            }
+            fn backward_op(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError> {
+                $bwd(
+                    gpu,
+                    &self.weights,
+                    &self.tokens,
+                    &self.acts,
+                    &mut self.grads,
+                )
+            }
+        }
+    };
+}
+
+full_step!(F32Step, Weights, Mamba3F32Graph, 4, forward, backward);
+full_step!(
+    Bf16Step,
+    MixedWeights,
+    Mamba3Bf16Graph,
+    2,
+    forward_mixed,
+    backward_mixed
+);
+
+macro_rules! backbone_step {
+    ($step:ty, $graph:ty) => {
+        impl BenchBackbone for $step {
+            type Graph = $graph;
+            fn build(
+                gpu: &Gpu,
+                cfg: &Mamba3Config,
+                batch: usize,
+                len: usize,
+                seed: u64,
+            ) -> Result<Self, Mamba3GpuError> {
+                <$step>::new(gpu, cfg, batch, len, seed)
+            }
+            fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError> {
+                self.run_eager(gpu)
+            }
+            fn capture(&mut self, gpu: &Gpu, key: ShapeKey) -> Result<$graph, GraphError> {
+                <$graph>::capture(gpu, self.capture_view(), key)
+            }
+            fn replay(&self, graph: &$graph, gpu: &Gpu) -> Result<(), GraphError> {
+                graph.replay(gpu, self.replay_view())
+            }
+        }
+    };
+}
+
+backbone_step!(BackboneStep, BackboneGraph);
+backbone_step!(BackboneBf16Step, BackboneBf16Graph);
+
+/// The f32 bench: the full f32 step and the f32 backbone step.
+pub fn bench_f32(
+    gpu: &Gpu,
+    cfg: &BenchConfig,
+    opts: &BenchOptions,
+    ceiling: &Ceiling,
+) -> Result<ConfigOutcome, BenchError> {
+    bench_with::<F32Step, BackboneStep>(gpu, cfg, opts, ceiling)
+}
+
+/// The bf16 bench: the mixed-precision full and backbone steps.
+pub fn bench_bf16(
+    gpu: &Gpu,
+    cfg: &BenchConfig,
+    opts: &BenchOptions,
+    ceiling: &Ceiling,
+) -> Result<ConfigOutcome, BenchError> {
+    bench_with::<Bf16Step, BackboneBf16Step>(gpu, cfg, opts, ceiling)
+}
+
+const SEED: u64 = 0x00be_4c00;
+
+fn w(x: usize) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
+}
+
+/// Bytes a step allocates for `batch x seq_len` windows: weights, gradients
+/// and both AdamW moments, the forward activations and the backward working
+/// memory, as `mamba3::gpu` sizes them: 4 bytes each, except the GEMM
+/// operands (`u`, `o`, `normed`) at `operand_bytes`; with 2 (bf16) also the
+/// bf16 weight copies and the gradient staging. The fit check uses it
+/// before allocating; the report shows it next to the measured footprint,
+/// so drift is visible.
+pub fn estimate_bytes(cfg: &Mamba3Config, batch: usize, seq_len: usize, operand_bytes: u64) -> u64 {
+    let sh = Mamba3Shape::new(cfg, batch, seq_len);
+    let rows = w(sh.rows);
+    let (dm, di, e, v) = (w(sh.d_model), w(sh.d_inner), w(sh.width), w(sh.vocab));
+    let (h, n, g, s) = (w(sh.nheads), w(sh.d_state), w(sh.ngroups), w(sh.angles));
+    let hn = h * n;
+    let ob = operand_bytes;
+    let per_layer_row =
+        4 * (dm + 1 + e + 2 * g + s + 3 * h + h * s + 2 * hn + h + di + h) + ob * (dm + di);
+    let states = 4 * w(sh.batch) * h * w(sh.nchunks) * w(sh.headdim) * n;
+    let layers = w(cfg.n_layer) * (rows * per_layer_row + states);
+    let globals = rows * (4 * (dm + 1 + v + 2) + ob * dm);
+    let widest = dm.max(di).max(g * n);
+    let work = 4 * rows * (2 * dm + v + 2 * di + e + 2 * hn + 3 * h + h * s + widest + g * n);
+    let params = param_count(cfg);
+    let (copies, staging) = if ob < 4 {
+        (ob * params, ob * rows * v.max(dm).max(e))
+    } else {
+        (0, 0)
+    };
+    layers + globals + work + 16 * params + copies + staging
+}
+
+fn gib(b: u64) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let b = b as f64;
+    b / f64::from(1u32 << 30)
+}
+
+fn is_out_of_memory(e: &Mamba3GpuError) -> bool {
+    let t = e.to_string().to_ascii_lowercase();
+    t.contains("out_of_memory") || t.contains("out of memory")
+}
+
+/// Benchmarks `cfg` with full step `S` and backbone step `B`.
+pub fn bench_with<S: BenchStep, B: BenchBackbone>(
+    gpu: &Gpu,
+    cfg: &BenchConfig,
+    opts: &BenchOptions,
+    ceiling: &Ceiling,
+) -> Result<ConfigOutcome, BenchError> {
+    let model = cfg.model(opts.vocab);
+    model.validate().map_err(Mamba3GpuError::from)?;
+    let shape = Shape::of(cfg, opts.vocab);
+    let skip = |reason: String| {
+        Ok(ConfigOutcome::Skipped(Skipped {
+            name: cfg.name.clone(),
+            shape: shape.clone(),
+            reason,
+        }))
+    };
+    let (batch, len) = (cfg.batch, cfg.seq_len);
+    let estimate = estimate_bytes(&model, batch, len, S::OPERAND_BYTES);
+    let free = w(free_bytes(gpu)?);
+    // Planning only: the fraction of free memory a config may take.
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let allowed = (free as f64 * opts.memory_fraction) as u64;
+    if estimate > allowed {
+        return skip(format!(
+            "the step needs about {:.1} GiB (activations, gradients, weights and AdamW state), {:.1} GiB of the device is free",
+            gib(estimate),
+            gib(free)
+        ));
+    }
+
+    let base = w(used_bytes(gpu)?);
+    let weights = cpu::Weights::<f32>::init(&model, SEED).map_err(Mamba3GpuError::from)?;
+    let built = S::build(gpu, &model, &weights, batch, len);
+    drop(weights);
+    let mut step = match built {
+        Ok(s) => s,
+        Err(e) if is_out_of_memory(&e) => {
+            return skip(format!("the step does not fit: {e}"));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    step.tokens(gpu, &random_tokens(&model, batch, len))?;
+    let full_bytes = w(used_bytes(gpu)?).saturating_sub(base);
+    let mut peak = base + full_bytes;
+
+    // One eager step, timed, sizes the rest against the budget.
+    let first = time_reps(gpu, 1, 1, || step.eager(gpu))?;
+    let passes = 4 * (opts.warmup + opts.steps) + 3 * opts.breakdown_reps + 4;
+    // Budget arithmetic on small counts; f64 is exact here.
+    #[allow(clippy::cast_precision_loss)]
+    let planned_s = first.median_ms * 1e-3 * passes as f64;
+    if planned_s > opts.budget_s {
+        return skip(format!(
+            "one step takes {:.0} ms; {passes} steps (eager, graph, breakdown, backbone) would take about {planned_s:.0} s, over the {:.0} s budget (--budget-s)",
+            first.median_ms, opts.budget_s
+        ));
+    }
+
+    let replica_ok = replica_matches(gpu, &mut step)?;
+    let eager = time_reps(gpu, opts.warmup, opts.steps, || step.eager(gpu))?;
+    let key = ShapeKey {
+        batch,
+        seq_len: len,
+    };
+    let graph = step.capture(gpu, key)?;
+    let replay = time_reps(gpu, opts.warmup, opts.steps, || step.replay(&graph, gpu))?;
+    drop(graph);
+    let breakdown = breakdown(gpu, &mut step, opts.breakdown_reps, eager.median_ms)?;
+    peak = peak.max(w(used_bytes(gpu)?));
+    drop(step);
+
+    let base_bb = w(used_bytes(gpu)?);
+    let mut bb = B::build(gpu, &model, batch, len, SEED)?;
+    let bb_bytes = w(used_bytes(gpu)?).saturating_sub(base_bb);
+    let bb_eager = time_reps(gpu, opts.warmup, opts.steps, || bb.eager(gpu))?;
+    let bb_graph = bb.capture(gpu, key)?;
+    let bb_replay = time_reps(gpu, opts.warmup, opts.steps, || bb.replay(&bb_graph, gpu))?;
+    peak = peak.max(w(used_bytes(gpu)?));
+    drop(bb_graph);
+    drop(bb);
+
+    let flops = step_flops(&model, batch, len);
+    Ok(ConfigOutcome::Measured(Box::new(ConfigReport {
+        name: cfg.name.clone(),
+        shape,
+        params: param_count(&model),
+        flops,
+        full_flops_per_token: flops.full_per_token(),
+        backbone_flops_per_token: flops.backbone_per_token(),
+        full: StepResult::new(eager, replay, flops.full(), flops.tokens, ceiling),
+        backbone: StepResult::new(bb_eager, bb_replay, flops.backbone(), flops.tokens, ceiling),
+        breakdown,
+        memory: Memory {
+            full_step_bytes: full_bytes,
+            backbone_step_bytes: bb_bytes,
+            estimate_bytes: estimate,
+            peak_used_bytes: peak,
+        },
+        replica_matches_step: replica_ok,
+    })))
+}
+
+fn random_tokens(cfg: &Mamba3Config, batch: usize, len: usize) -> Vec<i32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(SEED ^ 0x70c3);
+    let vocab = i32::try_from(cfg.vocab_size).unwrap_or(i32::MAX);
+    (0..batch * (len + 1))
+        .map(|_| rng.random_range(0..vocab))
+        .collect()
+}
+
+fn bits(gpu: &Gpu, b: &DeviceBuffer<f32>) -> Result<Vec<u32>, GpuError> {
+    Ok(gpu.to_host(b)?.into_iter().map(f32::to_bits).collect())
+}
+
+/// Runs the step's own `forward` and `backward`, then the bench's rebuilt
+/// sequence on the same weights and tokens, and compares the loss and the
+/// first block's `in_proj` gradient bit for bit (every reduction in the
+/// step has a fixed order, so equal sequences give equal bits).
+fn replica_matches<S: BenchStep>(gpu: &Gpu, s: &mut S) -> Result<bool, BenchError> {
+    s.forward_op(gpu)?;
+    s.backward_op(gpu)?;
+    let (loss, grad) = snapshot(gpu, s.parts())?;
+    let mut p = Probe::plain(gpu);
+    let pt = s.parts();
+    lm_forward(&mut p, pt.weights, pt.tokens, pt.acts, pt.loss)?;
+    lm_backward(&mut p, pt.weights, pt.tokens, pt.acts, pt.grads)?;
+    Ok((loss, grad) == snapshot(gpu, s.parts())?)
+}
+
+/// The loss and the first block's `in_proj` gradient, as bits.
+fn snapshot<W: StepWeights>(gpu: &Gpu, pt: Parts<'_, W>) -> Result<(Vec<u32>, Vec<u32>), GpuError> {
+    let grad = match pt.grads.params.layers.first() {
+        Some(l) => bits(gpu, &l.in_proj)?,
+        None => Vec::new(),
+    };
+    Ok((bits(gpu, pt.loss)?, grad))
+}
+
+/// `reps` passes of the step's zero-grads op and the bench's forward and
+/// backward sequence with every op timed. The step's remaining ops (loss
+/// weighting, gradient norm, schedule, AdamW; whatever the spec runs after
+/// `backward`) are timed as one: the eager step's median minus the median
+/// of the step's own `zero_grads`, `forward` and `backward` between one
+/// pair of events. They count as the optimizer family.
+fn breakdown<S: BenchStep>(
+    gpu: &Gpu,
+    s: &mut S,
+    reps: usize,
+    eager_ms: f64,
+) -> Result<Breakdown, BenchError> {
+    let mut passes: Vec<Vec<OpSample>> = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let mut p = Probe::timed(gpu);
+        let pt = s.parts();
+        zero_grads(&mut p, pt.grads)?;
+        lm_forward(&mut p, pt.weights, pt.tokens, pt.acts, pt.loss)?;
+        lm_backward(&mut p, pt.weights, pt.tokens, pt.acts, pt.grads)?;
+        passes.push(p.into_samples());
+    }
+    let fwd_bwd = time_reps(gpu, 1, reps.max(1), || -> Result<(), Mamba3GpuError> {
+        crate::mamba3::gpu::zero_grads(gpu, s.parts().grads)?;
+        s.forward_op(gpu)?;
+        s.backward_op(gpu)
+    })?;
+    // Statistics: the rest of the step as one sample per pass.
+    #[allow(clippy::cast_possible_truncation)]
+    let rest = (eager_ms - fwd_bwd.median_ms).max(0.0) as f32;
+    for pass in &mut passes {
+        pass.push(OpSample {
+            family: Family::Optimizer,
+            name: REST_OF_STEP,
+            ms: rest,
+        });
+    }
+    Ok(summarize(&passes))
+}
+
+/// The breakdown's name for the ops after `backward`, timed together.
+pub const REST_OF_STEP: &str = "after backward (loss weights, grad norm, schedule, AdamW)";
+
+/// Medians of per-pass totals by family and by op name.
+pub fn summarize(passes: &[Vec<OpSample>]) -> Breakdown {
+    let median = |mut v: Vec<f32>| {
+        Stats::of(&{
+            v.sort_by(f32::total_cmp);
+            v
+        })
+        .median_ms
+    };
+    let mut fam: BTreeMap<Family, Vec<f32>> = BTreeMap::new();
+    let mut ops: BTreeMap<&'static str, (Family, usize, Vec<f32>)> = BTreeMap::new();
+    for pass in passes {
+        let mut f_tot: BTreeMap<Family, f32> = Family::ALL.iter().map(|&f| (f, 0.0)).collect();
+        let mut o_tot: BTreeMap<&'static str, (Family, usize, f32)> = BTreeMap::new();
+        for sm in pass {
+            *f_tot.entry(sm.family).or_default() += sm.ms;
+            let e = o_tot.entry(sm.name).or_insert((sm.family, 0, 0.0));
+            e.1 += 1;
+            e.2 += sm.ms;
+        }
+        for (f, ms) in f_tot {
+            fam.entry(f).or_default().push(ms);
+        }
+        for (name, (f, calls, ms)) in o_tot {
+            let e = ops.entry(name).or_insert((f, calls, Vec::new()));
+            e.2.push(ms);
+        }
+    }
+    let families: Vec<(Family, f64)> = Family::ALL
+        .iter()
+        .map(|f| (*f, fam.get(f).map_or(0.0, |v| median(v.clone()))))
+        .collect();
+    let sum: f64 = families.iter().map(|(_, ms)| ms).sum();
+    let mut op_times: Vec<OpTime> = ops
+        .into_iter()
+        .map(|(name, (family, calls, v))| OpTime {
+            name: name.to_owned(),
+            family,
+            calls,
+            ms: median(v),
+        })
+        .collect();
+    op_times.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    Breakdown {
+        reps: passes.len(),
+        families: families
+            .into_iter()
+            .map(|(family, ms)| FamilyTime {
+                family,
+                ms,
+                share: if sum > 0.0 { ms / sum } else { 0.0 },
+            })
+            .collect(),
+        ops: op_times,
+        sum_ms: sum,
+    }
+}
