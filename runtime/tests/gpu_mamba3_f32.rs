@@ -410,6 +410,9 @@ fn changed_batch_or_length_is_refused_or_recaptured() {
         s.tokens = gpu.alloc_zeros::<i32>(batch * (len + 1)).expect("tokens");
         s.set_tokens(&gpu, &random_tokens(&cfg, batch, len, seed))
             .expect("tokens");
+        let uniform = stepgraph::optim::step_control::loss_weights_for(batch * len, |_| true)
+            .expect("weights");
+        s.loss_weights = gpu.to_device(&uniform).expect("loss weights");
         let err = graph.replay(&gpu, s.replay_view()).unwrap_err();
         assert!(
             matches!(
