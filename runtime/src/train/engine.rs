@@ -20,12 +20,13 @@
 //!   `Input`, `1/scored` at scored positions, 0 elsewhere) so the loss and
 //!   its gradient are the masked mean. `mask: None` means all weights equal.
 //! * **Overlap.** [`TrainEngine::load_batch`] is called while the previous
-//!   step may still run: copy the batch into pinned host memory and enqueue
-//!   the host-to-device copy on a copy stream into a second input buffer,
-//!   ordered after the running step's last read of the current one (an
-//!   event), and swap (or copy device-to-device as the graph's first node)
-//!   before the next replay. [`TrainEngine::step`] only enqueues the replay
-//!   and returns; [`TrainEngine::metrics`] is the one place that waits.
+//!   step may still run: copy the batch into pinned host memory (two
+//!   buffers used in turn, so filling one never waits for the running
+//!   upload) and enqueue its upload into the step's input buffers behind the
+//!   running replay; stream order keeps the replay's reads before the
+//!   overwrite, and drawing and staging the batch on the host overlaps the
+//!   device step. [`TrainEngine::step`] only enqueues the replay and
+//!   returns; [`TrainEngine::metrics`] is the one place that waits.
 //! * **Schedule on the device.** [`TrainEngine::set_schedule`] stores the
 //!   [`LrSchedule`]; each replay computes `lr = schedule(step)` on the device
 //!   from a device-resident step counter (the formula in [`LrSchedule::lr`]),
