@@ -344,6 +344,11 @@ pub fn bench_with<S: BenchStep, B: BenchBackbone>(
     peak = peak.max(w(used_bytes(gpu)?));
     drop(bb_graph);
     drop(bb);
+    // Capture froze the context's scratch areas (growth would move them
+    // under a graph). Both of this config's graphs are gone, so no capture
+    // records their addresses any more: the next, larger config may grow
+    // them (the bf16 step's gradient staging does).
+    crate::graph::Backend::set_scratch_frozen(gpu, false);
 
     let flops = step_flops(&model, batch, len);
     Ok(ConfigOutcome::Measured(Box::new(ConfigReport {
