@@ -15,7 +15,7 @@ pub struct Args {
     /// Configurations, comma-separated: S, M, L, or d_model/n_layer/d_state/headdim/batch/seq_len.
     #[arg(long, default_value = "S,M,L")]
     config: String,
-    /// Step precision (bf16 needs the bf16 training step).
+    /// Step precision: f32, or bf16 mixed precision (f32 masters, bf16 GEMMs).
     #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     precision: PrecisionArg,
     /// Print the report as JSON instead of the table.
@@ -77,7 +77,7 @@ fn run_inner(args: &Args) -> Result<(), BenchError> {
         PrecisionArg::F32 => Precision::F32,
         PrecisionArg::Bf16 => Precision::Bf16,
     };
-    // Refused before any GPU work, so the message is the same everywhere.
+    // A precision without a step is refused before any GPU work.
     bench::runner_for(precision)?;
     let configs = BenchConfig::parse_list(&args.config)?;
     if args.first_step {
