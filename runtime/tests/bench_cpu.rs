@@ -7,7 +7,9 @@ use std::process::Command;
 
 use stepgraph::bench::layer::{Family, OpSample};
 use stepgraph::bench::measure::{estimate_bytes, summarize};
-use stepgraph::bench::report::{Breakdown, DeviceSummary, Memory, Shape, Skipped, StepResult};
+use stepgraph::bench::report::{
+    Breakdown, DeviceSummary, Failed, Memory, Shape, Skipped, StepResult,
+};
 use stepgraph::bench::timing::{Ceiling, Stats};
 use stepgraph::bench::{
     BenchConfig, BenchReport, ConfigOutcome, ConfigReport, Precision, StepFlops, step_flops,
@@ -213,8 +215,13 @@ fn sample_report() -> BenchReport {
             })),
             ConfigOutcome::Skipped(Skipped {
                 name: "L".to_owned(),
-                shape,
+                shape: shape.clone(),
                 reason: "does not fit".to_owned(),
+            }),
+            ConfigOutcome::Failed(Failed {
+                name: "M".to_owned(),
+                shape,
+                error: "scratch frozen".to_owned(),
             }),
         ],
     }
@@ -241,9 +248,13 @@ fn json_report_has_the_documented_shape() {
     }
     assert_eq!(v["configs"][1]["status"], "skipped");
     assert_eq!(v["configs"][1]["reason"], "does not fit");
+    assert_eq!(v["configs"][2]["status"], "failed");
+    assert_eq!(v["configs"][2]["error"], "scratch frozen");
+    assert_eq!(r.failures().len(), 1);
     let table = r.table();
     assert!(table.contains("S       full LM"), "{table}");
     assert!(table.contains("L       skipped: does not fit"), "{table}");
+    assert!(table.contains("M       failed: scratch frozen"), "{table}");
 }
 
 fn stepgraph(args: &[&str]) -> (i32, String) {

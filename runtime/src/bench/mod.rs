@@ -148,7 +148,20 @@ pub fn run_on(gpu: &Gpu, opts: &BenchOptions, bench: StepBench) -> Result<BenchR
     let ceiling = timing::bf16_ceiling(gpu, opts.ceiling_n, 20)?;
     let mut configs = Vec::with_capacity(opts.configs.len());
     for cfg in &opts.configs {
-        configs.push(bench(gpu, cfg, opts, &ceiling)?);
+        let outcome = match bench(gpu, cfg, opts, &ceiling) {
+            Ok(o) => o,
+            // One configuration's error is reported beside the others'
+            // numbers instead of discarding them; the CLI still exits 1.
+            Err(e) => ConfigOutcome::Failed(report::Failed {
+                name: cfg.name.clone(),
+                shape: report::Shape::of(cfg, opts.vocab),
+                error: e.to_string().lines().next().unwrap_or("failed").to_owned(),
+            }),
+        };
+        // A failed configuration's graphs are dropped by now too; thaw the
+        // scratch its capture may have frozen (see `measure::bench_with`).
+        crate::graph::Backend::set_scratch_frozen(gpu, false);
+        configs.push(outcome);
     }
     Ok(BenchReport::new(gpu, opts, ceiling, configs))
 }

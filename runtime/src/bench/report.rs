@@ -56,6 +56,19 @@ pub enum ConfigOutcome {
     Measured(Box<ConfigReport>),
     /// Not run (does not fit, or over the time budget).
     Skipped(Skipped),
+    /// Started and failed; the other configurations still ran.
+    Failed(Failed),
+}
+
+/// A configuration whose run returned an error.
+#[derive(Clone, Debug, Serialize)]
+pub struct Failed {
+    /// Configuration name.
+    pub name: String,
+    /// Its shape.
+    pub shape: Shape,
+    /// The error, as one line.
+    pub error: String,
 }
 
 /// Why a configuration was not run.
@@ -285,6 +298,17 @@ impl BenchReport {
         }
     }
 
+    /// The configurations that failed, in order.
+    pub fn failures(&self) -> Vec<&Failed> {
+        self.configs
+            .iter()
+            .filter_map(|c| match c {
+                ConfigOutcome::Failed(f) => Some(f),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The terminal table.
     pub fn table(&self) -> String {
         let mut s = String::new();
@@ -328,6 +352,9 @@ impl BenchReport {
             match c {
                 ConfigOutcome::Skipped(k) => {
                     let _ = writeln!(s, "{:<7} skipped: {}", k.name, k.reason);
+                }
+                ConfigOutcome::Failed(k) => {
+                    let _ = writeln!(s, "{:<7} failed: {}", k.name, k.error);
                 }
                 ConfigOutcome::Measured(r) => {
                     let rows = [
@@ -373,7 +400,7 @@ impl BenchReport {
             .iter()
             .filter_map(|c| match c {
                 ConfigOutcome::Measured(r) => Some(&**r),
-                ConfigOutcome::Skipped(_) => None,
+                ConfigOutcome::Skipped(_) | ConfigOutcome::Failed(_) => None,
             })
             .collect();
         if measured.is_empty() {

@@ -120,7 +120,14 @@ fn run_inner(args: &Args) -> Result<(), BenchError> {
     if !args.json {
         print!("{}", report.table());
     }
-    emit(args, &json(&report)?)
+    emit(args, &json(&report)?)?;
+    match report.failures().first() {
+        None => Ok(()),
+        Some(f) => Err(BenchError::Option(format!(
+            "config {} failed: {}",
+            f.name, f.error
+        ))),
+    }
 }
 
 /// Prints `text` with `--json`, writes it to `--json-out`.
