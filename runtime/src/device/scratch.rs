@@ -169,6 +169,41 @@ impl Gpu {
         Ok(())
     }
 
+    /// Replaces scratch area `name` with a fresh allocation of the same size
+    /// (contents undefined), e.g. to hand memory back and forth with another
+    /// user. The new address differs from the old one, so a graph captured
+    /// before refuses to replay (`PointerMoved`). Refused while frozen
+    /// ([`GpuError::ScratchFrozen`]) or capturing; a never-grown area stays
+    /// empty.
+    pub fn reallocate_scratch(&self, name: &str) -> Result<(), GpuError> {
+        let area = self.scratch.area(name)?;
+        let mut slot = area
+            .buf
+            .try_borrow_mut()
+            .map_err(|_| GpuError::ScratchBusy {
+                name: name.to_owned(),
+            })?;
+        let have = slot.as_ref().map_or(0, DeviceBuffer::len);
+        if have == 0 {
+            return Ok(());
+        }
+        if self.scratch.is_frozen() {
+            return Err(GpuError::ScratchFrozen {
+                name: name.to_owned(),
+                have,
+                want: have,
+            });
+        }
+        self.refuse_in_capture("move a scratch area (allocate device memory)")?;
+        // Allocated while the old area is alive, so the address must differ.
+        let fresh = self.alloc::<u8>(have)?;
+        if area.name == GEMM_WORKSPACE {
+            self.blas.bind_workspace(&fresh)?;
+        }
+        *slot = Some(fresh);
+        Ok(())
+    }
+
     /// Current size of scratch area `name` in bytes (0 if never grown).
     pub fn scratch_bytes(&self, name: &str) -> Result<usize, GpuError> {
         let area = self.scratch.area(name)?;
