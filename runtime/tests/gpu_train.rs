@@ -61,6 +61,7 @@ fn parity(n: usize, rows: usize, seed: u64) -> (Vec<Batch>, usize) {
         task: Task::Parity,
         train_len: 12,
         eval_lens: vec![],
+        curriculum: 0,
     };
     let mut data = Dataset::new(&spec, seed, rows).expect("dataset");
     let width = data.train_width();

@@ -104,6 +104,7 @@ fn task_spec(task: Task, train_len: usize, eval_lens: Vec<usize>) -> DataSpec {
         task,
         train_len,
         eval_lens,
+        curriculum: 0,
     }
 }
 

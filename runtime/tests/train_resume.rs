@@ -20,6 +20,7 @@ fn options(run_dir: &Path, steps: u64) -> TrainOptions {
             task: Task::Parity,
             train_len: 6,
             eval_lens: vec![6, 12],
+            curriculum: 0,
         },
         model: ModelSize {
             d_model: 8,
@@ -143,6 +144,7 @@ fn a_checkpoint_from_another_config_is_refused() {
         task: Task::Parity,
         train_len: 7,
         eval_lens: vec![6, 12],
+        curriculum: 0,
     };
     let err = train(&other, &stop).err().unwrap();
     assert!(
@@ -187,6 +189,7 @@ fn state(cfg: &Mamba3Config, step: u64) -> (EngineState, TrainState) {
             task: Task::Parity,
             train_len: 4,
             eval_lens: vec![4],
+            curriculum: 0,
         },
         rotation: true,
         data_batches: step,

@@ -444,6 +444,7 @@ mod tests {
             task: Task::Parity,
             train_len: 6,
             eval_lens: vec![],
+            curriculum: 0,
         };
         Dataset::new(&spec, 0, rows).unwrap().next_batch(rows)
     }

@@ -237,6 +237,7 @@ fn validate(o: &TrainOptions) -> Result<(), TrainError> {
             task,
             train_len,
             eval_lens,
+            ..
         } => {
             for (flag, n) in std::iter::once(("--train-len", *train_len))
                 .chain(eval_lens.iter().map(|&n| ("--eval-lens", n)))

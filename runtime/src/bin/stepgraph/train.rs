@@ -31,6 +31,10 @@ pub struct Args {
     /// (those within the task's range).
     #[arg(long, value_delimiter = ',')]
     eval_lens: Vec<usize>,
+    /// Grow the largest training size linearly from the task's minimum to
+    /// --train-len over this many steps (0: all sizes from the start).
+    #[arg(long, default_value_t = 0)]
+    curriculum: u64,
     /// Train on this file instead of a task.
     #[arg(long)]
     data: Option<PathBuf>,
@@ -211,6 +215,7 @@ fn options(a: &Args) -> TrainOptions {
             } else {
                 a.eval_lens.clone()
             },
+            curriculum: a.curriculum,
         },
     };
     TrainOptions {

@@ -105,6 +105,12 @@ pub enum DataSpec {
         train_len: usize,
         /// Problem sizes evaluated.
         eval_lens: Vec<usize>,
+        /// Training batches over which the largest drawn size grows
+        /// linearly from the task's minimum to `train_len` (0: all sizes
+        /// from the first batch). Long instances of a state-tracking task
+        /// carry almost no gradient signal until short ones are solved.
+        #[serde(default)]
+        curriculum: u64,
     },
     /// A token file.
     File {
@@ -129,14 +135,20 @@ impl DataSpec {
                 task,
                 train_len,
                 eval_lens,
+                curriculum,
             } => format!(
-                "`task {}, train_len {train_len}, eval {}`",
+                "`task {}, train_len {train_len}, eval {}{}`",
                 task.name(),
                 eval_lens
                     .iter()
                     .map(usize::to_string)
                     .collect::<Vec<_>>()
-                    .join(",")
+                    .join(","),
+                if *curriculum > 0 {
+                    format!(", curriculum {curriculum}")
+                } else {
+                    String::new()
+                }
             ),
             Self::File {
                 path,
@@ -175,8 +187,15 @@ pub struct EvalSet {
 }
 
 enum Source {
-    Task { task: Task, train_len: usize },
-    File { data: FileData, window: usize },
+    Task {
+        task: Task,
+        train_len: usize,
+        curriculum: u64,
+    },
+    File {
+        data: FileData,
+        window: usize,
+    },
 }
 
 /// Training batches and eval sets for one run.
@@ -206,6 +225,7 @@ impl Dataset {
                 task,
                 train_len,
                 eval_lens,
+                curriculum,
             } => {
                 let mut eval_rng = ChaCha20Rng::seed_from_u64(seed);
                 eval_rng.set_stream(EVAL_STREAM);
@@ -216,6 +236,7 @@ impl Dataset {
                 let source = Source::Task {
                     task: *task,
                     train_len: *train_len,
+                    curriculum: *curriculum,
                 };
                 (source, eval)
             }
@@ -256,7 +277,9 @@ impl Dataset {
     /// step sees one shape for the whole run.
     pub fn train_width(&self) -> usize {
         match &self.source {
-            Source::Task { task, train_len } => task.width(*train_len),
+            Source::Task {
+                task, train_len, ..
+            } => task.width(*train_len),
             Source::File { window, .. } => *window,
         }
     }
@@ -272,11 +295,20 @@ impl Dataset {
     /// A one-line description for the start of a run.
     pub fn describe(&self) -> String {
         match &self.source {
-            Source::Task { task, train_len } => format!(
-                "task {} (vocab {}), train sizes {}..={train_len}, eval sizes {}",
+            Source::Task {
+                task,
+                train_len,
+                curriculum,
+            } => format!(
+                "task {} (vocab {}), train sizes {}..={train_len}{}, eval sizes {}",
                 task.name(),
                 task.vocab_size(),
                 task.min_len(),
+                if *curriculum > 0 {
+                    format!(" (largest size growing over {curriculum} batches)")
+                } else {
+                    String::new()
+                },
                 self.eval
                     .iter()
                     .filter_map(|e| e.length.map(|n| n.to_string()))
@@ -299,11 +331,16 @@ impl Dataset {
     pub fn next_batch(&mut self, rows: usize) -> Batch {
         self.batches += 1;
         match &self.source {
-            Source::Task { task, train_len } => {
+            Source::Task {
+                task,
+                train_len,
+                curriculum,
+            } => {
                 let width = task.width(*train_len);
+                let hi = curriculum_max(task.min_len(), *train_len, *curriculum, self.batches);
                 let examples: Vec<Example> = (0..rows)
                     .map(|_| {
-                        let n = self.rng.random_range(task.min_len()..=*train_len);
+                        let n = self.rng.random_range(task.min_len()..=hi);
                         task.sample(n, false, &mut self.rng)
                     })
                     .collect();
@@ -333,6 +370,20 @@ impl Dataset {
     }
 }
 
+/// The largest size drawn for training batch `batch` (1-based): it grows
+/// linearly from `min` to `max` over the first `curriculum` batches.
+fn curriculum_max(min: usize, max: usize, curriculum: u64, batch: u64) -> usize {
+    if curriculum == 0 || batch >= curriculum || max <= min {
+        return max;
+    }
+    let Ok(span) = u128::try_from(max - min) else {
+        return max;
+    };
+    let (batch, curriculum) = (u128::from(batch), u128::from(curriculum));
+    let grown = usize::try_from(span * batch / curriculum).unwrap_or(max - min);
+    (min + grown).min(max)
+}
+
 fn task_eval_set(task: Task, n: usize, batch: usize, rng: &mut ChaCha20Rng) -> EvalSet {
     let width = task.width(n.clamp(task.min_len(), task.max_len()));
     let examples: Vec<Example> = (0..TASK_EVAL_ROWS)
@@ -345,5 +396,23 @@ fn task_eval_set(task: Task, n: usize, batch: usize, rng: &mut ChaCha20Rng) -> E
             .chunks(batch.max(1))
             .map(|c| Batch::from_examples(c, width, task.pad()))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod curriculum_tests {
+    use super::curriculum_max;
+
+    #[test]
+    fn the_largest_size_grows_linearly_then_stays() {
+        assert_eq!(curriculum_max(1, 160, 0, 1), 160, "off");
+        assert_eq!(curriculum_max(1, 160, 100, 1), 2);
+        assert_eq!(curriculum_max(1, 160, 100, 50), 80);
+        assert_eq!(curriculum_max(1, 160, 100, 99), 158);
+        assert_eq!(curriculum_max(1, 160, 100, 100), 160);
+        assert_eq!(curriculum_max(1, 160, 100, 10_000), 160);
+        assert_eq!(curriculum_max(5, 5, 100, 1), 5);
+        let sizes: Vec<usize> = (1..=100).map(|b| curriculum_max(1, 160, 100, b)).collect();
+        assert!(sizes.windows(2).all(|w| w[0] <= w[1]));
     }
 }
