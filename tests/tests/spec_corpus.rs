@@ -91,18 +91,31 @@ fn semantic_errors_are_all_reported_with_positions() {
             r#"[Ref("weights"), Mut("tokens"), Mut("acts"), Ref("loss")]"#,
             1,
         )
+        // The loss weighting op writes the loss too; make it read-only so
+        // no op writes the Output.
+        .replacen(
+            r#"Mut("acts"), Mut("loss"), Mut("control")"#,
+            r#"Mut("acts"), Ref("loss"), Mut("control")"#,
+            1,
+        )
         .replacen(
             r#""reduce_partials"]"#,
             r#""reduce_partials", "l2_cache"]"#,
             1,
         );
+    // Where the unknown scratch name lands (the spec's comments move it).
+    let (line, col) = src
+        .lines()
+        .enumerate()
+        .find_map(|(i, l)| l.find(r#""l2_cache""#).map(|c| (i + 1, c + 1)))
+        .expect("the corruption is in the source");
     let diags = Spec::parse("corpus.ron", &src).unwrap_err();
     let rendered = diags.rendered();
     assert_eq!(rendered.len(), 3, "{rendered:#?}");
     assert!(
-        rendered[0].starts_with(
-            "the runtime has no context scratch area `l2_cache`\n  --> corpus.ron:21:68\n"
-        ),
+        rendered[0].starts_with(&format!(
+            "the runtime has no context scratch area `l2_cache`\n  --> corpus.ron:{line}:{col}\n"
+        )),
         "{}",
         rendered[0]
     );
