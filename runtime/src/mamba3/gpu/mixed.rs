@@ -184,3 +184,22 @@ pub fn presize_staging<T: Compute>(gpu: &Gpu, sh: &Mamba3Shape) -> Result<(), Ma
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_covers_the_widest_staged_gradient_and_f32_stages_nothing() {
+        let cfg = Mamba3Config {
+            d_model: 256,
+            vocab_size: 1000,
+            ..Mamba3Config::tiny()
+        };
+        let sh = Mamba3Shape::new(&cfg, 4, 32);
+        let widest = sh.vocab.max(sh.d_model).max(sh.width);
+        assert_eq!(staging_bytes::<f32>(&sh).ok(), Some(0));
+        assert_eq!(staging_bytes::<bf16>(&sh).ok(), Some(4 * 32 * widest * 2));
+        assert!(widest >= sh.vocab && widest >= sh.width);
+    }
+}

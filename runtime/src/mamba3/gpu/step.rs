@@ -78,19 +78,7 @@ impl F32Step {
     /// Ids are checked against the vocabulary here, since a kernel cannot
     /// report a bad one.
     pub fn set_tokens(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<(), Mamba3GpuError> {
-        let vocab = self.weights.cfg.vocab_size;
-        if let Some(&bad) = ids
-            .iter()
-            .find(|&&t| !usize::try_from(t).is_ok_and(|t| t < vocab))
-        {
-            return Err(Mamba3GpuError::Shape {
-                what: "token id (must be in [0, vocab_size))",
-                expected: vocab,
-                found: usize::try_from(bad).unwrap_or(usize::MAX),
-            });
-        }
-        gpu.copy_from_host(ids, &mut self.tokens)?;
-        Ok(())
+        super::step_bf16::upload_tokens(gpu, self.weights.cfg.vocab_size, ids, &mut self.tokens)
     }
 
     /// Copies `[batch * seq_len]` per-prediction loss weights into the
