@@ -136,6 +136,9 @@ const GRAD_COS: f64 = 0.999;
 /// runs: worst rel 7.1e-2 (C_bias, B_bias, D, dt_bias, B_norm), worst cosine
 /// 0.99763; the issue's 5e-2 / 0.999 is not met there. Every other config met
 /// the issue's bound in both runs (worst rel 3.8e-2, cosine 0.99938).
+/// From this head width on, output-norm configs are held to the issue's
+/// bound (the "outproj norm, P 16" config shows it is met there).
+const OUTNORM_STRICT_HEADDIM: usize = 16;
 const OUTNORM_GRAD_REL: f64 = 0.15;
 const OUTNORM_GRAD_COS: f64 = 0.995;
 
@@ -208,7 +211,7 @@ fn check_against_oracle(
         if c < worst_cos.0 {
             worst_cos = (c, spec.name.clone());
         }
-        let (max_rel, min_cos) = if cfg.is_outproj_norm {
+        let (max_rel, min_cos) = if cfg.is_outproj_norm && cfg.headdim < OUTNORM_STRICT_HEADDIM {
             (OUTNORM_GRAD_REL, OUTNORM_GRAD_COS)
         } else {
             (GRAD_REL, GRAD_COS)
@@ -288,6 +291,19 @@ fn bf16_loss_and_gradients_match_the_f64_oracle() {
             },
             2,
             37,
+        ),
+        (
+            "outproj norm, d64 N32 P16 (issue bound)",
+            Mamba3Config {
+                d_model: 64,
+                d_state: 32,
+                headdim: 16,
+                vocab_size: 50,
+                is_outproj_norm: true,
+                ..base_cfg()
+            },
+            2,
+            70,
         ),
         (
             "wider d64 N32 P16",
