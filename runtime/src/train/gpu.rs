@@ -1,5 +1,8 @@
-//! The f32 GPU engine: the graph-captured step of `specs/mamba3_f32.ron`
-//! ([`F32Step`]) behind [`TrainEngine`].
+//! The GPU engines: a graph-captured step behind [`TrainEngine`], one body
+//! ([`GpuEngine`]) for both precisions through [`GraphStep`]:
+//! [`GpuF32Engine`] runs `specs/mamba3_f32.ron` ([`F32Step`]),
+//! [`GpuBf16Engine`] runs `specs/mamba3_bf16.ron` ([`Bf16Step`]; its state is
+//! the f32 masters and moments, and importing re-syncs the bf16 copies).
 //!
 //! The step is captured once, for the run's training shape, when the engine
 //! is built; every [`TrainEngine::step`] is one guarded graph replay and
