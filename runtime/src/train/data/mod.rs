@@ -1,4 +1,4 @@
-//! Training data: synthetic tasks ([`tasks`]) and token files ([`file`]),
+//! Training data: synthetic tasks ([`tasks`]) and token files ([`file`](mod@file)),
 //! behind one [`Dataset`] that hands out training batches and fixed eval sets.
 //!
 //! Everything is deterministic from the seed. Training batches come from one
