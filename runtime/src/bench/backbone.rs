@@ -6,8 +6,9 @@
 //! compare like for like.
 //!
 //! The steps are derived from their specs like the full steps, so their
-//! graphs are captured and guarded by the same generated code; the ops are
-//! generic over the weights' compute type, as the full step's are.
+//! graphs are captured and guarded by the same generated code; the ops run
+//! the full step's own block loops ([`blocks_forward`], [`blocks_backward`]),
+//! generic over the weights' compute type.
 
 // The generated capture constructor takes the context plus one argument per
 // spec buffer; that is the spec's shape.
@@ -21,12 +22,11 @@ use crate::device::{DeviceBuffer, Gpu};
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu;
 use crate::mamba3::gpu::{
-    Acts, Grads, Mamba3GpuError, MixedActs, MixedWeights, StepWeights, Weights, presize_staging,
+    Acts, Grads, Mamba3GpuError, MixedActs, MixedWeights, NoProbe, StepWeights, Weights,
+    blocks_backward, blocks_forward, presize_staging,
 };
 use crate::optim::gpu::{AdamWState, StepScalars};
 use crate::optim::{AdamWConfig, DecayPolicy};
-
-use super::layer::{Probe, blocks_backward, blocks_forward};
 
 /// The f32 backbone step's buffers.
 #[derive(Debug, TrainingGraph)]
@@ -154,7 +154,7 @@ pub fn forward<W: StepWeights>(
         found: 0,
     })?;
     gpu.copy_device(input, &mut first.h_in)?;
-    blocks_forward(&mut Probe::plain(gpu), w, acts)
+    blocks_forward(gpu, w, acts, &mut NoProbe)
 }
 
 /// Seeds the residual gradient with `upstream` and runs every block
@@ -167,5 +167,5 @@ pub fn backward<W: StepWeights>(
     grads: &mut Grads,
 ) -> Result<(), Mamba3GpuError> {
     gpu.copy_device(upstream, &mut grads.work.dh)?;
-    blocks_backward(&mut Probe::plain(gpu), w, acts, grads)
+    blocks_backward(gpu, w, acts, grads, &mut NoProbe)
 }

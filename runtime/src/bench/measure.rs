@@ -1,8 +1,8 @@
 //! The bench of one configuration at one precision: full LM step and
-//! backbone step, eager and graph, the per-op breakdown, memory, and the
-//! check that the bench's rebuilt op sequence still computes what the step
-//! computes. [`BenchStep`] and [`BenchBackbone`] are what a precision
-//! supplies; [`bench_with`] is the same for both.
+//! backbone step, eager and graph, the per-op breakdown (the step's own
+//! forward and backward bodies with a timing probe), and memory.
+//! [`BenchStep`] and [`BenchBackbone`] are what a precision supplies;
+//! [`bench_with`] is the same for both.
 
 use std::collections::BTreeMap;
 
@@ -13,15 +13,16 @@ use crate::device::{DeviceBuffer, Gpu, GpuError};
 use crate::graph::{GraphError, ShapeKey};
 use crate::kernels::mamba3::Mamba3Shape;
 use crate::mamba3::gpu::{
-    Acts, Bf16Step, F32Step, Grads, Mamba3Bf16Graph, Mamba3F32Graph, Mamba3GpuError, MixedWeights,
-    StepWeights, Weights, backward, backward_mixed, forward, forward_mixed,
+    Acts, Bf16Step, F32Step, Family, Grads, Mamba3Bf16Graph, Mamba3F32Graph, Mamba3GpuError,
+    MixedWeights, Probe as _, StepWeights, Weights, backward, backward_mixed, backward_probed,
+    forward, forward_mixed, forward_probed,
 };
 use crate::mamba3::{Mamba3Config, cpu};
 use crate::optim::{AdamWConfig, DecayPolicy};
 
 use super::backbone::{BackboneBf16Graph, BackboneBf16Step, BackboneGraph, BackboneStep};
 use super::flops::{param_count, step_flops};
-use super::layer::{Family, OpSample, Probe, lm_backward, lm_forward, zero_grads};
+use super::layer::{OpSample, Timed};
 use super::report::{
     Breakdown, ConfigOutcome, ConfigReport, FamilyTime, Memory, OpTime, Shape, Skipped, StepResult,
 };
@@ -322,7 +323,6 @@ pub fn bench_with<S: BenchStep, B: BenchBackbone>(
         ));
     }
 
-    let replica_ok = replica_matches(gpu, &mut step)?;
     let eager = time_reps(gpu, opts.warmup, opts.steps, || step.eager(gpu))?;
     let key = ShapeKey {
         batch,
@@ -331,7 +331,7 @@ pub fn bench_with<S: BenchStep, B: BenchBackbone>(
     let graph = step.capture(gpu, key)?;
     let replay = time_reps(gpu, opts.warmup, opts.steps, || step.replay(&graph, gpu))?;
     drop(graph);
-    let breakdown = breakdown(gpu, &mut step, opts.breakdown_reps, eager.median_ms)?;
+    let (breakdown, replica_ok) = breakdown(gpu, &mut step, opts.breakdown_reps, eager.median_ms)?;
     peak = peak.max(w(used_bytes(gpu)?));
     drop(step);
 
@@ -383,21 +383,6 @@ fn bits(gpu: &Gpu, b: &DeviceBuffer<f32>) -> Result<Vec<u32>, GpuError> {
     Ok(gpu.to_host(b)?.into_iter().map(f32::to_bits).collect())
 }
 
-/// Runs the step's own `forward` and `backward`, then the bench's rebuilt
-/// sequence on the same weights and tokens, and compares the loss and the
-/// first block's `in_proj` gradient bit for bit (every reduction in the
-/// step has a fixed order, so equal sequences give equal bits).
-fn replica_matches<S: BenchStep>(gpu: &Gpu, s: &mut S) -> Result<bool, BenchError> {
-    s.forward_op(gpu)?;
-    s.backward_op(gpu)?;
-    let (loss, grad) = snapshot(gpu, s.parts())?;
-    let mut p = Probe::plain(gpu);
-    let pt = s.parts();
-    lm_forward(&mut p, pt.weights, pt.tokens, pt.acts, pt.loss)?;
-    lm_backward(&mut p, pt.weights, pt.tokens, pt.acts, pt.grads)?;
-    Ok((loss, grad) == snapshot(gpu, s.parts())?)
-}
-
 /// The loss and the first block's `in_proj` gradient, as bits.
 fn snapshot<W: StepWeights>(gpu: &Gpu, pt: Parts<'_, W>) -> Result<(Vec<u32>, Vec<u32>), GpuError> {
     let grad = match pt.grads.params.layers.first() {
@@ -407,32 +392,39 @@ fn snapshot<W: StepWeights>(gpu: &Gpu, pt: Parts<'_, W>) -> Result<(Vec<u32>, Ve
     Ok((bits(gpu, pt.loss)?, grad))
 }
 
-/// `reps` passes of the step's zero-grads op and the bench's forward and
-/// backward sequence with every op timed. The step's remaining ops (loss
-/// weighting, gradient norm, schedule, AdamW; whatever the spec runs after
-/// `backward`) are timed as one: the eager step's median minus the median
-/// of the step's own `zero_grads`, `forward` and `backward` between one
-/// pair of events. They count as the optimizer family.
+/// `reps` passes of the step's `zero_grads`, `forward` and `backward`
+/// bodies with every op timed (the bodies' [`Timed`] probe). The step's
+/// remaining ops (loss weighting, gradient norm, schedule, AdamW; whatever
+/// the spec runs after `backward`) are timed as one: the eager step's median
+/// minus the median of the step's own `zero_grads`, `forward` and `backward`
+/// ops between one pair of events. They count as the optimizer family.
+///
+/// Also returns whether the timed pass and the step's own ops, on the same
+/// weights and tokens, left the same loss and first-block `in_proj`
+/// gradient, bit for bit: the probe only records events, so they must.
 fn breakdown<S: BenchStep>(
     gpu: &Gpu,
     s: &mut S,
     reps: usize,
     eager_ms: f64,
-) -> Result<Breakdown, BenchError> {
+) -> Result<(Breakdown, bool), BenchError> {
     let mut passes: Vec<Vec<OpSample>> = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let mut p = Probe::timed(gpu);
+        let mut p = Timed::new(gpu)?;
         let pt = s.parts();
-        zero_grads(&mut p, pt.grads)?;
-        lm_forward(&mut p, pt.weights, pt.tokens, pt.acts, pt.loss)?;
-        lm_backward(&mut p, pt.weights, pt.tokens, pt.acts, pt.grads)?;
-        passes.push(p.into_samples());
+        p.enter(gpu, Family::Optimizer, "zero grads")?;
+        crate::mamba3::gpu::zero_grads(gpu, pt.grads)?;
+        forward_probed(gpu, pt.weights, pt.tokens, pt.acts, pt.loss, &mut p)?;
+        backward_probed(gpu, pt.weights, pt.tokens, pt.acts, pt.grads, &mut p)?;
+        passes.push(p.finish(gpu)?);
     }
+    let probed = snapshot(gpu, s.parts())?;
     let fwd_bwd = time_reps(gpu, 1, reps.max(1), || -> Result<(), Mamba3GpuError> {
         crate::mamba3::gpu::zero_grads(gpu, s.parts().grads)?;
         s.forward_op(gpu)?;
         s.backward_op(gpu)
     })?;
+    let same_bits = reps == 0 || probed == snapshot(gpu, s.parts())?;
     // Statistics: the rest of the step as one sample per pass.
     #[allow(clippy::cast_possible_truncation)]
     let rest = (eager_ms - fwd_bwd.median_ms).max(0.0) as f32;
@@ -443,7 +435,7 @@ fn breakdown<S: BenchStep>(
             ms: rest,
         });
     }
-    Ok(summarize(&passes))
+    Ok((summarize(&passes), same_bits))
 }
 
 /// The breakdown's name for the ops after `backward`, timed together.

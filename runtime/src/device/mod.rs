@@ -61,7 +61,7 @@ mod scratch;
 use std::cell::Cell;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream};
 
 pub use blas::{ColMajorGemm, F32GemmMath, Gemm};
 pub use buffer::{DeviceBuffer, Element, PinnedBuffer};
@@ -308,15 +308,23 @@ impl Gpu {
         &self,
         f: impl FnOnce() -> Result<R, GpuError>,
     ) -> Result<(R, f32), GpuError> {
+        let span = self.event_span()?;
+        span.start(self)?;
+        let out = f()?;
+        let ms = span.stop(self)?;
+        Ok((out, ms))
+    }
+
+    /// A reusable pair of timing events, for timing work that is not one
+    /// closure (e.g. the spans a probe opens between ops of a pass).
+    /// Refused during capture, like recording.
+    pub fn event_span(&self) -> Result<EventSpan, GpuError> {
         self.refuse_in_capture("record timing events")?;
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = self.ctx.new_event(flags).during("create a timing event")?;
-        let end = self.ctx.new_event(flags).during("create a timing event")?;
-        start.record(&self.stream).during("record a timing event")?;
-        let out = f()?;
-        end.record(&self.stream).during("record a timing event")?;
-        let ms = start.elapsed_ms(&end).during("read a timing event")?;
-        Ok((out, ms))
+        Ok(EventSpan {
+            start: self.ctx.new_event(flags).during("create a timing event")?,
+            end: self.ctx.new_event(flags).during("create a timing event")?,
+        })
     }
 
     /// Runs every kernel and GEMM flavour once, eagerly, then synchronizes.
@@ -338,6 +346,43 @@ impl Gpu {
         k::sum_squares(self, &a, &mut out)?;
         self.warm_up_blas()?;
         self.synchronize()
+    }
+}
+
+/// Two CUDA events on the context's stream: [`EventSpan::start`] records the
+/// first, [`EventSpan::stop`] the second and reads the time between them.
+/// Both refuse to run while a capture is open, so timing never becomes an
+/// event node of a captured graph. A span may be started again after a stop.
+pub struct EventSpan {
+    start: CudaEvent,
+    end: CudaEvent,
+}
+
+impl EventSpan {
+    /// Records the start event after the work queued so far.
+    pub fn start(&self, gpu: &Gpu) -> Result<(), GpuError> {
+        gpu.refuse_in_capture("record timing events")?;
+        self.start
+            .record(&gpu.stream)
+            .during("record a timing event")
+    }
+
+    /// Records the end event and waits for it: the GPU time in milliseconds
+    /// since the last [`EventSpan::start`].
+    pub fn stop(&self, gpu: &Gpu) -> Result<f32, GpuError> {
+        gpu.refuse_in_capture("record timing events")?;
+        self.end
+            .record(&gpu.stream)
+            .during("record a timing event")?;
+        self.start
+            .elapsed_ms(&self.end)
+            .during("read a timing event")
+    }
+}
+
+impl std::fmt::Debug for EventSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventSpan").finish_non_exhaustive()
     }
 }
 

@@ -6,7 +6,9 @@
 //! and the token scatter added after; so the op does not depend on
 //! `zero_grads` having run.
 //!
-//! One body, [`backward_with`], generic over the compute type: every GEMM's
+//! One body, [`backward_probed`] (the step ops reach it through
+//! [`backward_with`] with [`NoProbe`]; see `forward` for the probe),
+//! generic over the compute type: every GEMM's
 //! A operand is an f32 gradient (staged to bf16 by `Compute::gemm_grad` in
 //! the mixed step), its B operand an activation or weight copy in the
 //! compute type; gradients come out in f32.
@@ -18,6 +20,8 @@ use crate::kernels::precision::Compute;
 
 use super::acts::{BackwardWork, LayerActs};
 use super::forward::check_step;
+use super::probe::Family::{Gemm as G, Loss as L, NormElementwise as E, Scan as S};
+use super::probe::{NoProbe, Probe};
 use super::weights::{Grads, LayerWeights, StepWeights};
 use super::{Acts, Mamba3GpuError, Weights};
 
@@ -40,6 +44,19 @@ pub fn backward_with<W: StepWeights>(
     acts: &Acts<DeviceBuffer<W::T>>,
     grads: &mut Grads,
 ) -> Result<(), Mamba3GpuError> {
+    backward_probed(gpu, weights, tokens, acts, grads, &mut NoProbe)
+}
+
+/// [`backward_with`] telling `probe` where each op begins (the bench's
+/// per-family breakdown times the step's own sequence through it).
+pub fn backward_probed<W: StepWeights>(
+    gpu: &Gpu,
+    weights: &W,
+    tokens: &DeviceBuffer<i32>,
+    acts: &Acts<DeviceBuffer<W::T>>,
+    grads: &mut Grads,
+    probe: &mut impl Probe,
+) -> Result<(), Mamba3GpuError> {
     let w = weights.master();
     check_step(w, tokens, acts)?;
     let sh = acts.shape;
@@ -52,11 +69,13 @@ pub fn backward_with<W: StepWeights>(
     }
     super::same("gradient layers", w.layers.len(), grads.params.layers.len())?;
     let (rows, dm, vocab) = (sh.rows, sh.d_model, sh.vocab);
-    let Grads { params: g, work } = grads;
+    let Grads { params: g, work } = &mut *grads;
 
+    probe.enter(gpu, L, "cross-entropy bwd")?;
     kb::ce_bwd(gpu, &sh, &acts.logits, &acts.lse, tokens, &mut work.dlogits)?;
     if g.lm_head.is_none() {
         // Tied: the head's share is written here, the scatter adds to it.
+        probe.enter(gpu, G, "lm_head dW")?;
         W::T::gemm_grad(
             gpu,
             &Gemm::new(vocab, dm, rows).trans_a(),
@@ -65,8 +84,10 @@ pub fn backward_with<W: StepWeights>(
             &mut g.embedding,
         )?;
     } else {
+        probe.enter(gpu, E, "embedding bwd")?;
         gpu.zero(&mut g.embedding)?;
         if let Some(gh) = g.lm_head.as_mut() {
+            probe.enter(gpu, G, "lm_head dW")?;
             W::T::gemm_grad(
                 gpu,
                 &Gemm::new(vocab, dm, rows).trans_a(),
@@ -76,6 +97,7 @@ pub fn backward_with<W: StepWeights>(
             )?;
         }
     }
+    probe.enter(gpu, G, "lm_head dX")?;
     W::T::gemm_grad(
         gpu,
         &Gemm::new(rows, dm, vocab),
@@ -83,6 +105,7 @@ pub fn backward_with<W: StepWeights>(
         weights.head_gemm(),
         &mut work.dnorm,
     )?;
+    probe.enter(gpu, E, "rmsnorm bwd")?;
     kb::rmsnorm_bwd(
         gpu,
         rows,
@@ -95,6 +118,7 @@ pub fn backward_with<W: StepWeights>(
         &mut work.contrib,
         false,
     )?;
+    probe.enter(gpu, E, "colsum (param grads)")?;
     kb::colsum(
         gpu,
         &work.contrib,
@@ -106,6 +130,34 @@ pub fn backward_with<W: StepWeights>(
         &mut g.norm_f,
     )?;
 
+    blocks_backward(gpu, weights, acts, grads, probe)?;
+    let Grads { params: g, work } = grads;
+    probe.enter(gpu, E, "embedding bwd")?;
+    kb::embed_bwd(gpu, &sh, tokens, &work.dh, &mut g.embedding)?;
+    Ok(())
+}
+
+/// Every block backward, last first, from the gradient in `grads.work.dh`
+/// (which ends as the gradient at block 0's input): the backbone between
+/// the head and the embedding (the bench's backbone-only step runs it
+/// alone).
+pub fn blocks_backward<W: StepWeights>(
+    gpu: &Gpu,
+    weights: &W,
+    acts: &Acts<DeviceBuffer<W::T>>,
+    grads: &mut Grads,
+    probe: &mut impl Probe,
+) -> Result<(), Mamba3GpuError> {
+    let w = weights.master();
+    let sh = acts.shape;
+    // The zip below would silently skip unmatched layers.
+    super::same(
+        "activation layers vs weight layers",
+        w.layers.len(),
+        acts.layers.len(),
+    )?;
+    super::same("gradient layers", w.layers.len(), grads.params.layers.len())?;
+    let Grads { params: g, work } = grads;
     for (l, ((lw, lg), la)) in w
         .layers
         .iter()
@@ -115,15 +167,17 @@ pub fn backward_with<W: StepWeights>(
         .rev()
     {
         let gemm_w = weights.layer_gemm(l)?;
-        mixer_backward(gpu, &sh, lw, gemm_w, la, lg, work)?;
+        mixer_backward(gpu, &sh, lw, gemm_w, la, lg, work, probe)?;
     }
-    kb::embed_bwd(gpu, &sh, tokens, &work.dh, &mut g.embedding)?;
     Ok(())
 }
 
 /// One block in reverse: adds the block's input gradient into `work.dh` and
 /// writes its parameter gradients into `lg`.
 /// `gemm_w` holds the block's `[in_proj, out_proj]` in the compute type.
+// The block's own buffers plus the probe; a struct around them would only
+// rename them at the one call site.
+#[allow(clippy::too_many_arguments)]
 fn mixer_backward<T: Compute>(
     gpu: &Gpu,
     sh: &Mamba3Shape,
@@ -132,6 +186,7 @@ fn mixer_backward<T: Compute>(
     la: &LayerActs<DeviceBuffer<T>>,
     lg: &mut LayerWeights,
     work: &mut BackwardWork,
+    probe: &mut impl Probe,
 ) -> Result<(), Mamba3GpuError> {
     let [w_in, w_out] = gemm_w;
     let (rows, dm, di, e) = (sh.rows, sh.d_model, sh.d_inner, sh.width);
@@ -156,6 +211,7 @@ fn mixer_backward<T: Compute>(
     } = work;
 
     // out = o W_out^T
+    probe.enter(gpu, G, "out_proj dW")?;
     T::gemm_grad(
         gpu,
         &Gemm::new(dm, di, rows).trans_a(),
@@ -163,7 +219,9 @@ fn mixer_backward<T: Compute>(
         &la.o,
         &mut lg.out_proj,
     )?;
+    probe.enter(gpu, G, "out_proj dX")?;
     T::gemm_grad(gpu, &Gemm::new(rows, di, dm), dh, w_out, d_o)?;
+    probe.enter(gpu, E, "gate bwd")?;
     kb::gate_bwd(
         gpu,
         sh,
@@ -177,6 +235,7 @@ fn mixer_backward<T: Compute>(
         contrib,
     )?;
     if let Some(gn) = lg.out_norm.as_mut() {
+        probe.enter(gpu, E, "colsum (param grads)")?;
         kb::colsum(gpu, contrib, rows, di, di, 0, partials, gn)?;
     }
 
@@ -190,11 +249,14 @@ fn mixer_backward<T: Compute>(
         dqkdot: &mut *dqkdot,
         dskip_part: &mut *dskip_part,
     };
+    probe.enter(gpu, S, "scan bwd")?;
     kb::scan_bwd(
         gpu, sh, &la.q, &la.k, &la.proj, scalars, &lw.d, &la.states, dy, out,
     )?;
+    probe.enter(gpu, E, "colsum (param grads)")?;
     kb::colsum(gpu, dskip_part, sh.batch, nh, nh, 0, partials, &mut lg.d)?;
 
+    probe.enter(gpu, E, "rotate bwd")?;
     kb::rot_bwd(
         gpu,
         sh,
@@ -207,10 +269,13 @@ fn mixer_backward<T: Compute>(
         dk,
         dphi,
     )?;
+    probe.enter(gpu, E, "colsum (param grads)")?;
     kb::colsum(gpu, dk, rows, nh * n, nh * n, 0, partials, &mut lg.b_bias)?;
     kb::colsum(gpu, dq, rows, nh * n, nh * n, 0, partials, &mut lg.c_bias)?;
 
+    probe.enter(gpu, S, "angle cumsum bwd")?;
     kb::angle_bwd(gpu, sh, dphi)?;
+    probe.enter(gpu, E, "scalar bwd (dt, A, trap)")?;
     kb::scalar_bwd(
         gpu,
         sh,
@@ -220,6 +285,7 @@ fn mixer_backward<T: Compute>(
         [dphi, dadt, dscale, dqkdot],
         dproj,
     )?;
+    probe.enter(gpu, E, "colsum (param grads)")?;
     kb::colsum(
         gpu,
         dproj,
@@ -231,6 +297,7 @@ fn mixer_backward<T: Compute>(
         &mut lg.dt_bias,
     )?;
 
+    probe.enter(gpu, E, "B/C norm bwd")?;
     kb::bcnorm_bwd(
         gpu,
         sh,
@@ -243,10 +310,12 @@ fn mixer_backward<T: Compute>(
         contrib,
         contrib_c,
     )?;
+    probe.enter(gpu, E, "colsum (param grads)")?;
     kb::colsum(gpu, contrib, rows * ng, n, n, 0, partials, &mut lg.b_norm)?;
     kb::colsum(gpu, contrib_c, rows * ng, n, n, 0, partials, &mut lg.c_norm)?;
 
     // proj = u W_in^T
+    probe.enter(gpu, G, "in_proj dW")?;
     T::gemm_grad(
         gpu,
         &Gemm::new(e, dm, rows).trans_a(),
@@ -254,10 +323,13 @@ fn mixer_backward<T: Compute>(
         &la.u,
         &mut lg.in_proj,
     )?;
+    probe.enter(gpu, G, "in_proj dX")?;
     T::gemm_grad(gpu, &Gemm::new(rows, dm, e), dproj, w_in, dnorm)?;
+    probe.enter(gpu, E, "rmsnorm bwd")?;
     kb::rmsnorm_bwd(
         gpu, rows, dm, &la.h_in, &lw.norm, &la.rstd, dnorm, dh, contrib, true,
     )?;
+    probe.enter(gpu, E, "colsum (param grads)")?;
     kb::colsum(gpu, contrib, rows, dm, dm, 0, partials, &mut lg.norm)?;
     Ok(())
 }

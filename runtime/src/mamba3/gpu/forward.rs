@@ -1,13 +1,18 @@
 //! The forward op (tokens -> loss, keeping activations) and `zero_grads`.
 //!
-//! One body, [`forward_with`], generic over the weights' compute type: the
-//! f32 op [`forward`] and the mixed op `forward_mixed` both call it.
+//! One body, [`forward_probed`], generic over the weights' compute type and
+//! over a timing [`Probe`]: the f32 op [`forward`] and the mixed op
+//! `forward_mixed` call it through [`forward_with`] with [`NoProbe`]; the
+//! bench calls it with a probe that times each op, and runs
+//! [`blocks_forward`] alone as its backbone-only step.
 
 use crate::device::{DeviceBuffer, Gemm, Gpu};
 use crate::kernels::mamba3 as k;
 use crate::kernels::precision::Compute;
 
 use super::acts::{Acts, LayerActs};
+use super::probe::Family::{Gemm as G, Loss as L, NormElementwise as E, Scan as S};
+use super::probe::{NoProbe, Probe};
 use super::weights::{Grads, LayerWeights, StepWeights, Weights};
 use super::{Mamba3GpuError, same};
 
@@ -69,17 +74,47 @@ pub fn forward_with<W: StepWeights>(
     acts: &mut Acts<DeviceBuffer<W::T>>,
     loss: &mut DeviceBuffer<f32>,
 ) -> Result<(), Mamba3GpuError> {
+    forward_probed(gpu, weights, tokens, acts, loss, &mut NoProbe)
+}
+
+/// [`forward_with`] telling `probe` where each op begins (the bench's
+/// per-family breakdown times the step's own sequence through it).
+pub fn forward_probed<W: StepWeights>(
+    gpu: &Gpu,
+    weights: &W,
+    tokens: &DeviceBuffer<i32>,
+    acts: &mut Acts<DeviceBuffer<W::T>>,
+    loss: &mut DeviceBuffer<f32>,
+    probe: &mut impl Probe,
+) -> Result<(), Mamba3GpuError> {
     let w = weights.master();
     check_step(w, tokens, acts)?;
     let sh = acts.shape;
     // The embedding gather reads the f32 master: a gather is no GEMM, and
     // autocast leaves it in the weight's own precision.
+    probe.enter(gpu, E, "embedding fwd")?;
     let Some(first) = acts.layers.first_mut() else {
         k::embed_fwd(gpu, &sh, tokens, &w.embedding, &mut acts.h_final)?;
-        return head_and_loss(gpu, weights, tokens, acts, loss);
+        return head_and_loss(gpu, weights, tokens, acts, loss, probe);
     };
     k::embed_fwd(gpu, &sh, tokens, &w.embedding, &mut first.h_in)?;
+    blocks_forward(gpu, weights, acts, probe)?;
+    head_and_loss(gpu, weights, tokens, acts, loss, probe)
+}
+
+/// Every block forward, from `acts.layers[0].h_in` to `acts.h_final`: the
+/// backbone between the embedding and the head (the bench's backbone-only
+/// step runs it alone).
+pub fn blocks_forward<W: StepWeights>(
+    gpu: &Gpu,
+    weights: &W,
+    acts: &mut Acts<DeviceBuffer<W::T>>,
+    probe: &mut impl Probe,
+) -> Result<(), Mamba3GpuError> {
+    let w = weights.master();
+    let sh = acts.shape;
     let nl = acts.layers.len();
+    same("activation layers vs weight layers", w.layers.len(), nl)?;
     for l in 0..nl {
         let (cur, rest) = acts.layers.split_at_mut(l + 1);
         let la = &mut cur[l];
@@ -93,9 +128,9 @@ pub fn forward_with<W: StepWeights>(
             expected: nl,
             found: w.layers.len(),
         })?;
-        mixer_forward(gpu, &sh, lw, gemm_w, la, next)?;
+        mixer_forward(gpu, &sh, lw, gemm_w, la, next, probe)?;
     }
-    head_and_loss(gpu, weights, tokens, acts, loss)
+    Ok(())
 }
 
 /// One block: `h_next = h_in + out_proj(mixer(norm(h_in)))`.
@@ -107,9 +142,11 @@ fn mixer_forward<T: Compute>(
     gemm_w: [&DeviceBuffer<T>; 2],
     la: &mut LayerActs<DeviceBuffer<T>>,
     h_next: &mut DeviceBuffer<f32>,
+    probe: &mut impl Probe,
 ) -> Result<(), Mamba3GpuError> {
     let [w_in, w_out] = gemm_w;
     let (rows, dm) = (sh.rows, sh.d_model);
+    probe.enter(gpu, E, "rmsnorm fwd")?;
     k::rmsnorm_fwd(
         gpu,
         rows,
@@ -120,6 +157,7 @@ fn mixer_forward<T: Compute>(
         &mut la.u,
         &mut la.rstd,
     )?;
+    probe.enter(gpu, G, "in_proj fwd")?;
     T::gemm(
         gpu,
         &Gemm::new(rows, sh.width, dm).trans_b(),
@@ -127,6 +165,7 @@ fn mixer_forward<T: Compute>(
         w_in,
         &mut la.proj,
     )?;
+    probe.enter(gpu, E, "prep (dt, A dt, lam, theta)")?;
     k::prep(
         gpu,
         sh,
@@ -139,7 +178,9 @@ fn mixer_forward<T: Compute>(
         &mut la.adt,
         &mut la.lam,
     )?;
+    probe.enter(gpu, S, "angle cumsum fwd")?;
     k::angle_fwd(gpu, sh, &la.dt, &la.theta, &mut la.phi)?;
+    probe.enter(gpu, E, "qk norm + rotate fwd")?;
     k::qk_fwd(
         gpu,
         sh,
@@ -152,6 +193,7 @@ fn mixer_forward<T: Compute>(
         &mut la.k,
         &mut la.qk_raw,
     )?;
+    probe.enter(gpu, S, "scan fwd")?;
     k::scan_fwd(
         gpu,
         sh,
@@ -163,6 +205,7 @@ fn mixer_forward<T: Compute>(
         &mut la.y,
         &mut la.states,
     )?;
+    probe.enter(gpu, E, "gate fwd")?;
     k::gate_fwd(
         gpu,
         sh,
@@ -173,7 +216,9 @@ fn mixer_forward<T: Compute>(
         &mut la.gate_rstd,
     )?;
     // Residual: h_next = h_in, then h_next += o W_out^T (beta = 1).
+    probe.enter(gpu, E, "residual copy")?;
     gpu.copy_device(&la.h_in, h_next)?;
+    probe.enter(gpu, G, "out_proj fwd")?;
     T::gemm(
         gpu,
         &Gemm::new(rows, dm, sh.d_inner).trans_b().scaled(1.0, 1.0),
@@ -191,9 +236,11 @@ fn head_and_loss<W: StepWeights>(
     tokens: &DeviceBuffer<i32>,
     acts: &mut Acts<DeviceBuffer<W::T>>,
     loss: &mut DeviceBuffer<f32>,
+    probe: &mut impl Probe,
 ) -> Result<(), Mamba3GpuError> {
     let w = weights.master();
     let sh = acts.shape;
+    probe.enter(gpu, E, "rmsnorm fwd")?;
     k::rmsnorm_fwd(
         gpu,
         sh.rows,
@@ -204,6 +251,7 @@ fn head_and_loss<W: StepWeights>(
         &mut acts.normed,
         &mut acts.rstd_f,
     )?;
+    probe.enter(gpu, G, "lm_head fwd")?;
     W::T::gemm(
         gpu,
         &Gemm::new(sh.rows, sh.vocab, sh.d_model).trans_b(),
@@ -211,6 +259,7 @@ fn head_and_loss<W: StepWeights>(
         weights.head_gemm(),
         &mut acts.logits,
     )?;
+    probe.enter(gpu, L, "cross-entropy fwd")?;
     k::ce_fwd(
         gpu,
         &sh,
@@ -219,6 +268,7 @@ fn head_and_loss<W: StepWeights>(
         &mut acts.lse,
         &mut acts.row_loss,
     )?;
+    probe.enter(gpu, L, "mean loss")?;
     k::mean(gpu, &acts.row_loss, sh.rows, loss)?;
     Ok(())
 }

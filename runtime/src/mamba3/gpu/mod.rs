@@ -3,8 +3,10 @@
 //! ops of the training steps (`specs/mamba3_f32.ron`,
 //! `specs/mamba3_bf16.ron`).
 //!
-//! One forward and one backward body ([`forward_with`], [`backward_with`]),
-//! generic over the compute type of the GEMM operands
+//! One forward and one backward body ([`forward_probed`],
+//! [`backward_probed`]; the step ops call them through [`forward_with`] and
+//! [`backward_with`] with the do-nothing [`NoProbe`]), generic over the
+//! compute type of the GEMM operands
 //! ([`crate::kernels::precision::Compute`]): f32 for [`F32Step`], bf16 for
 //! [`Bf16Step`] (f32 masters, bf16 GEMM copies, f32 scan/norms/reductions;
 //! see [`MixedWeights`]).
@@ -31,17 +33,19 @@ mod acts;
 mod backward;
 mod forward;
 mod mixed;
+mod probe;
 mod step;
 mod step_bf16;
 mod weights;
 
 pub use acts::{Acts, BackwardWork, LayerActs, MixedActs};
-pub use backward::{backward, backward_with};
-pub use forward::{forward, forward_with, zero_grads};
+pub use backward::{backward, backward_probed, backward_with, blocks_backward};
+pub use forward::{blocks_forward, forward, forward_probed, forward_with, zero_grads};
 pub use mixed::{
     MixedLayer, MixedWeights, adamw_step_mixed, backward_mixed, forward_mixed, presize_staging,
     staging_bytes, sync_master_to_compute,
 };
+pub use probe::{Family, NoProbe, Probe};
 pub use step::{F32Step, Mamba3F32Capture, Mamba3F32Graph, Mamba3F32Replay};
 pub use step_bf16::{Bf16Step, Mamba3Bf16Capture, Mamba3Bf16Graph, Mamba3Bf16Replay};
 pub use weights::{GemmPair, Grads, LayerWeights, StepWeights, Weights};
