@@ -54,7 +54,11 @@ fn quick_s_bench_gives_sane_numbers_in_both_precisions() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cold_start_compiles_then_reads_the_cache() {
-    let exe = Path::new(env!("CARGO_BIN_EXE_stepgraph"));
+    // On the GPU machine the binaries are staged, not built: gpu-stage puts
+    // the CLI in .gpu/bin beside the tests.
+    let built = Path::new(env!("CARGO_BIN_EXE_stepgraph"));
+    let staged = Path::new(".gpu/bin/stepgraph");
+    let exe = if built.exists() { built } else { staged };
     let r = cold_start(exe, "S").expect("cold start");
     print!("{}", r.table());
     assert_eq!(r.cold.phases.modules_cached, 0);

