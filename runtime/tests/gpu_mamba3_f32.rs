@@ -12,53 +12,14 @@ mod gpu_common;
 use std::collections::BTreeMap;
 
 use gpu_common::gpu;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use gpu_common::oracle::{cpu_tokens, fresh_seed, random_tokens, random_weights};
 use stepgraph::device::{DeviceBuffer, Gpu};
 use stepgraph::graph::{GraphError, MovePolicy, Replayed, ShapeKey};
-use stepgraph::mamba3::cpu::{self, ParamKind, ScanMode, Tokens, param_specs};
+use stepgraph::mamba3::cpu::{self, ScanMode, param_specs};
 use stepgraph::mamba3::gpu::{Acts, F32Step, Grads, Mamba3F32Graph, backward, forward, zero_grads};
 use stepgraph::mamba3::{Mamba3Config, RopeFraction};
 use stepgraph::optim::gpu::{adamw_step, advance_schedule};
 use stepgraph::optim::{AdamW, AdamWConfig, DecayPolicy};
-
-fn fresh_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(7);
-    u64::from(nanos) ^ 0x5eed_0000
-}
-
-/// Official init, then every tensor perturbed so that norms, biases, D and
-/// dt_bias are not their init constants and every gradient path is exercised.
-fn random_weights(cfg: &Mamba3Config, seed: u64) -> cpu::Weights<f64> {
-    let mut w = cpu::Weights::<f64>::init(cfg, seed).expect("valid config");
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xabcd);
-    let specs = param_specs(cfg);
-    for (t, spec) in w.tensors_mut().into_iter().zip(&specs) {
-        for v in t.iter_mut() {
-            *v += match spec.kind {
-                ParamKind::Vector => rng.random_range(-0.4..0.4),
-                ParamKind::Matrix => rng.random_range(-0.05..0.05),
-            };
-        }
-    }
-    w
-}
-
-fn random_tokens(cfg: &Mamba3Config, batch: usize, len: usize, seed: u64) -> Vec<i32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x70c3);
-    let vocab = i32::try_from(cfg.vocab_size).expect("small vocab");
-    (0..batch * (len + 1))
-        .map(|_| rng.random_range(0..vocab))
-        .collect()
-}
-
-fn cpu_tokens(cfg: &Mamba3Config, ids: &[i32], batch: usize, len: usize) -> Tokens {
-    let wide: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
-    Tokens::from_rows(&wide, batch, len + 1, cfg.vocab_size).expect("valid tokens")
-}
 
 fn rel(got: &[f32], want: &[f64]) -> f64 {
     gpu_common::rel_err(got, want)

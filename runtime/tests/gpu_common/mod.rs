@@ -7,6 +7,8 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod oracle;
+
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rand::{Rng, SeedableRng};

@@ -1,0 +1,45 @@
+//! Random models and batches for comparing a GPU step with the CPU oracle.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use stepgraph::mamba3::Mamba3Config;
+use stepgraph::mamba3::cpu::{self, ParamKind, Tokens, param_specs};
+
+/// A seed that differs every run; tests print it so a failure can be replayed.
+pub fn fresh_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(7);
+    u64::from(nanos) ^ 0x5eed_0000
+}
+
+/// Official init, then every tensor perturbed so that norms, biases, D and
+/// dt_bias are not their init constants and every gradient path is exercised.
+pub fn random_weights(cfg: &Mamba3Config, seed: u64) -> cpu::Weights<f64> {
+    let mut w = cpu::Weights::<f64>::init(cfg, seed).expect("valid config");
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xabcd);
+    let specs = param_specs(cfg);
+    for (t, spec) in w.tensors_mut().into_iter().zip(&specs) {
+        for v in t.iter_mut() {
+            *v += match spec.kind {
+                ParamKind::Vector => rng.random_range(-0.4..0.4),
+                ParamKind::Matrix => rng.random_range(-0.05..0.05),
+            };
+        }
+    }
+    w
+}
+
+pub fn random_tokens(cfg: &Mamba3Config, batch: usize, len: usize, seed: u64) -> Vec<i32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x70c3);
+    let vocab = i32::try_from(cfg.vocab_size).expect("small vocab");
+    (0..batch * (len + 1))
+        .map(|_| rng.random_range(0..vocab))
+        .collect()
+}
+
+pub fn cpu_tokens(cfg: &Mamba3Config, ids: &[i32], batch: usize, len: usize) -> Tokens {
+    let wide: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
+    Tokens::from_rows(&wide, batch, len + 1, cfg.vocab_size).expect("valid tokens")
+}
