@@ -239,7 +239,14 @@ pub fn estimate_bytes(cfg: &Mamba3Config, batch: usize, seq_len: usize, operand_
     let layers = w(cfg.n_layer) * (rows * per_layer_row + states);
     let globals = rows * (4 * (dm + 1 + v + 2) + ob * dm);
     let widest = dm.max(di).max(g * n);
-    let work = 4 * rows * (2 * dm + v + 2 * di + e + 2 * hn + 3 * h + h * s + widest + g * n);
+    // The chunk scan's backward state gradients, when the shape can use it.
+    let gstates = if crate::kernels::mamba3_chunk::supported(&sh) {
+        4 * w(crate::kernels::mamba3_chunk::state_elems(&sh))
+    } else {
+        0
+    };
+    let work =
+        4 * rows * (2 * dm + v + 2 * di + e + 2 * hn + 3 * h + h * s + widest + g * n) + gstates;
     let params = param_count(cfg);
     let (copies, staging) = if ob < 4 {
         (ob * params, ob * rows * v.max(dm).max(e))

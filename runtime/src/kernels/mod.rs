@@ -32,6 +32,7 @@ pub mod elementwise;
 pub mod launch;
 pub mod mamba3;
 pub mod mamba3_bwd;
+pub mod mamba3_chunk;
 pub mod precision;
 pub mod reduce;
 mod table;
@@ -111,6 +112,18 @@ pub const MODULES: &[Module] = &[
             src: include_str!("../../../kernels/mamba3_scan.cu"),
         },
         functions: &["m3_scan_fwd_f32", "m3_scan_bwd_f32"],
+    },
+    Module {
+        source: SourceFile {
+            file: "mamba3_chunk.cu",
+            src: include_str!("../../../kernels/mamba3_chunk.cu"),
+        },
+        functions: &[
+            "m3c_chunk_state",
+            "m3c_state_pass",
+            "m3c_scan_out",
+            "m3c_scan_bwd",
+        ],
     },
     Module {
         source: SourceFile {

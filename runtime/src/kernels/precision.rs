@@ -29,6 +29,10 @@ pub trait Compute: Element + sealed::Sealed {
     const RMSNORM_FWD: &'static str;
     /// The z-gate kernel writing this type (f32 inputs).
     const GATE_FWD: &'static str;
+    /// Whether the scan runs as the chunk-parallel tensor-core kernels
+    /// (`kernels/mamba3_chunk.cu`, bf16 products with f32 accumulation)
+    /// where the shape allows; otherwise the scalar f32 scan.
+    const TENSOR_CORE_SCAN: bool;
 
     /// `C = alpha op(A) op(B) + beta C` with A and B in this type, C in f32.
     fn gemm(
@@ -58,6 +62,8 @@ impl Compute for f32 {
     const NAME: &'static str = "f32";
     const RMSNORM_FWD: &'static str = "m3_rmsnorm_fwd_f32";
     const GATE_FWD: &'static str = "m3_gate_fwd_f32";
+    // The f32 step is held to the f64 oracle at 1e-4; bf16 products are not.
+    const TENSOR_CORE_SCAN: bool = false;
 
     fn gemm(
         gpu: &Gpu,
@@ -88,6 +94,7 @@ impl Compute for bf16 {
     const NAME: &'static str = "bf16";
     const RMSNORM_FWD: &'static str = "m3_rmsnorm_fwd_bf16";
     const GATE_FWD: &'static str = "m3_gate_fwd_bf16";
+    const TENSOR_CORE_SCAN: bool = true;
 
     fn gemm(
         gpu: &Gpu,

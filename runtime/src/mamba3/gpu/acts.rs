@@ -17,6 +17,7 @@ use half::bf16;
 use crate::device::{DeviceBuffer, Element, Gpu, GpuError};
 use crate::kernels::mamba3::Mamba3Shape;
 use crate::kernels::mamba3_bwd::colsum_partials;
+use crate::kernels::mamba3_chunk as kc;
 use crate::kernels::precision::Compute;
 use crate::mamba3::Mamba3Config;
 
@@ -153,6 +154,9 @@ impl<T: Compute> Acts<DeviceBuffer<T>> {
     ) -> Result<Self, Mamba3GpuError> {
         let sh = shape_of(cfg, batch, seq_len)?;
         crate::kernels::mamba3::scan_prepare(gpu, &sh)?;
+        if kc::supported(&sh) {
+            kc::prepare(gpu)?;
+        }
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for _ in 0..cfg.n_layer {
             layers.push(LayerActs::new(gpu, &sh)?);
@@ -205,8 +209,12 @@ pub struct BackwardWork {
     pub dqkdot: DeviceBuffer<f32>,
     /// dL/dphi, then its reverse cumsum `[rows, H, S]`.
     pub dphi: DeviceBuffer<f32>,
-    /// dL/dD per (batch row, head) `[B, H]`.
+    /// dL/dD partials: per (batch row, head) `[B, H]` from the scalar scan,
+    /// per (batch row, chunk, head) `[B, nchunks, H]` from the chunk scan.
     pub dskip_part: DeviceBuffer<f32>,
+    /// dL/d(state leaving each chunk), the chunk scan's backward working
+    /// memory `[B, H, nchunks, P, N]` (empty when the shape cannot use it).
+    pub gstates: DeviceBuffer<f32>,
     /// Per-row weight-gradient shares `[rows, max(d_model, d_inner, G N)]`.
     pub contrib: DeviceBuffer<f32>,
     /// Per-row C-norm weight shares `[rows, G N]`.
@@ -234,7 +242,7 @@ impl BackwardWork {
             colsum_partials(sh.rows, hn),
             colsum_partials(sh.rows, sh.nheads),
             colsum_partials(sh.rows * sh.ngroups, sh.d_state),
-            colsum_partials(sh.batch, sh.nheads),
+            colsum_partials(sh.batch * sh.nchunks, sh.nheads),
         ]
         .into_iter()
         .max()
@@ -253,7 +261,15 @@ impl BackwardWork {
             dscale: buf(gpu, sh.per_row(sh.nheads))?,
             dqkdot: buf(gpu, sh.per_row(sh.nheads))?,
             dphi: buf(gpu, sh.per_row(sh.nheads * sh.angles))?,
-            dskip_part: buf(gpu, Ok(sh.batch * sh.nheads))?,
+            dskip_part: buf(gpu, Ok(kc::dskip_part_elems(&sh)))?,
+            gstates: buf(
+                gpu,
+                Ok(if kc::supported(&sh) {
+                    kc::state_elems(&sh)
+                } else {
+                    1
+                }),
+            )?,
             contrib: buf(gpu, sh.per_row(widest))?,
             contrib_c: buf(gpu, sh.per_row(gn))?,
             partials: buf(gpu, Ok(partials))?,

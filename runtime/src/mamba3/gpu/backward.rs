@@ -16,6 +16,7 @@
 use crate::device::{DeviceBuffer, Gemm, Gpu};
 use crate::kernels::mamba3::Mamba3Shape;
 use crate::kernels::mamba3_bwd::{self as kb, ScanGrads};
+use crate::kernels::mamba3_chunk as kc;
 use crate::kernels::precision::Compute;
 
 use super::acts::{BackwardWork, LayerActs};
@@ -204,6 +205,7 @@ fn mixer_backward<T: Compute>(
         dqkdot,
         dphi,
         dskip_part,
+        gstates,
         contrib,
         contrib_c,
         partials,
@@ -250,11 +252,20 @@ fn mixer_backward<T: Compute>(
         dskip_part: &mut *dskip_part,
     };
     probe.enter(gpu, S, "scan bwd")?;
-    kb::scan_bwd(
-        gpu, sh, &la.q, &la.k, &la.proj, scalars, &lw.d, &la.states, dy, out,
-    )?;
+    // The chunk-parallel scan leaves one dD partial per (row, chunk, head).
+    let dd_rows = if T::TENSOR_CORE_SCAN && kc::supported(sh) {
+        kc::scan_bwd(
+            gpu, sh, &la.q, &la.k, &la.proj, scalars, &lw.d, &la.states, gstates, dy, out,
+        )?;
+        sh.batch * sh.nchunks
+    } else {
+        kb::scan_bwd(
+            gpu, sh, &la.q, &la.k, &la.proj, scalars, &lw.d, &la.states, dy, out,
+        )?;
+        sh.batch
+    };
     probe.enter(gpu, E, "colsum (param grads)")?;
-    kb::colsum(gpu, dskip_part, sh.batch, nh, nh, 0, partials, &mut lg.d)?;
+    kb::colsum(gpu, dskip_part, dd_rows, nh, nh, 0, partials, &mut lg.d)?;
 
     probe.enter(gpu, E, "rotate bwd")?;
     kb::rot_bwd(

@@ -8,6 +8,7 @@
 
 use crate::device::{DeviceBuffer, Gemm, Gpu};
 use crate::kernels::mamba3 as k;
+use crate::kernels::mamba3_chunk as kc;
 use crate::kernels::precision::Compute;
 
 use super::acts::{Acts, LayerActs};
@@ -194,17 +195,32 @@ fn mixer_forward<T: Compute>(
         &mut la.qk_raw,
     )?;
     probe.enter(gpu, S, "scan fwd")?;
-    k::scan_fwd(
-        gpu,
-        sh,
-        &la.q,
-        &la.k,
-        &la.proj,
-        [&la.dt, &la.adt, &la.lam, &la.qk_raw],
-        &lw.d,
-        &mut la.y,
-        &mut la.states,
-    )?;
+    let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
+    if T::TENSOR_CORE_SCAN && kc::supported(sh) {
+        kc::scan_fwd(
+            gpu,
+            sh,
+            &la.q,
+            &la.k,
+            &la.proj,
+            scalars,
+            &lw.d,
+            &mut la.y,
+            &mut la.states,
+        )?;
+    } else {
+        k::scan_fwd(
+            gpu,
+            sh,
+            &la.q,
+            &la.k,
+            &la.proj,
+            scalars,
+            &lw.d,
+            &mut la.y,
+            &mut la.states,
+        )?;
+    }
     probe.enter(gpu, E, "gate fwd")?;
     k::gate_fwd(
         gpu,

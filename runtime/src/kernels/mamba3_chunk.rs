@@ -1,0 +1,391 @@
+//! Launch wrappers for the chunk-parallel tensor-core scan
+//! (`kernels/mamba3_chunk.cu`), the bf16 step's scan.
+//!
+//! The scalar scan (`kernels/mamba3_scan.cu`) gives each (batch row, head)
+//! one block that walks every chunk, so a step has only `B x H` blocks and
+//! does its chunk products with scalar FMAs from shared memory. Here every
+//! (chunk, batch row, head) gets a block, the products run as bf16
+//! `mma.sync` with f32 accumulation, and only the `P x N` state recurrence is
+//! walked serially (by [`CHUNK_PASS_THREADS`]-thread blocks, one thread per
+//! state element). Forward: chunk states, the walk, the outputs. Backward:
+//! chunk dL/dS contributions, the reverse walk into `gstates`, the
+//! gradients.
+//!
+//! The kernels need C, N and P to be multiples of 16 and their shared tiles
+//! to fit one SM; [`supported`] says whether a shape qualifies, and the
+//! model falls back to the scalar scan when it does not.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg as _};
+
+use super::mamba3::{MAX_SCAN_SMEM, Mamba3Shape, ScanScalars, need};
+use super::mamba3_bwd::ScanGrads;
+use crate::device::error::During as _;
+use crate::device::{DeviceBuffer, Gpu, GpuError, to_u32};
+
+/// Threads of the per-chunk kernels; must equal `M3C_THREADS` in
+/// `kernels/mamba3_chunk.cu` (a unit test checks).
+pub const CHUNK_THREADS: u32 = 512;
+
+/// Threads of the state walk; must equal `M3C_PASS_THREADS`.
+pub const CHUNK_PASS_THREADS: u32 = 256;
+
+/// Row padding of every shared tile, in floats (`M3C_PAD`).
+const PAD: usize = 8;
+
+/// Warps of a per-chunk block.
+const WARPS: usize = 16;
+
+/// Most blocks a launch may put on grid axis y (B x H here).
+const MAX_GRID_Y: usize = 65_535;
+
+fn tiles(sh: &Mamba3Shape) -> (usize, usize, usize) {
+    (sh.chunk, sh.d_state + PAD, sh.headdim + PAD)
+}
+
+/// Dynamic shared memory of `m3c_chunk_state`, in bytes.
+pub fn state_smem(sh: &Mamba3Shape) -> usize {
+    let (c, ns, ps) = tiles(sh);
+    4 * (c * ps + c * ns + 2 * c)
+}
+
+/// Dynamic shared memory of `m3c_scan_out`, in bytes.
+pub fn out_smem(sh: &Mamba3Shape) -> usize {
+    let (c, ns, ps) = tiles(sh);
+    4 * (2 * c * ns + c * ps + sh.headdim * ns + c * (c + PAD) + 4 * c)
+}
+
+/// Dynamic shared memory of `m3c_scan_bwd`, in bytes.
+pub fn bwd_smem(sh: &Mamba3Shape) -> usize {
+    let (c, ns, ps) = tiles(sh);
+    let (tn, tp) = (sh.d_state / 16, sh.headdim / 16);
+    4 * (2 * c * ns
+        + 2 * c * ps
+        + sh.headdim * ns
+        + 2 * c * (c + PAD)
+        + 7 * c
+        + c * (2 * tn + tp)
+        + WARPS)
+}
+
+/// Whether the chunk-parallel scan can run shape `sh`: C, N and P multiples
+/// of 16, every kernel's shared tiles within one SM, and B x H within a grid
+/// axis.
+pub fn supported(sh: &Mamba3Shape) -> bool {
+    let mult16 = [sh.chunk, sh.d_state, sh.headdim]
+        .iter()
+        .all(|&x| x > 0 && x % 16 == 0);
+    mult16
+        && [state_smem(sh), out_smem(sh), bwd_smem(sh)]
+            .iter()
+            .all(|&b| b <= MAX_SCAN_SMEM)
+        && sh.batch * sh.nheads <= MAX_GRID_Y
+}
+
+/// Elements of the `gstates` buffer the backward pass needs (the same
+/// layout as the forward `states`, `[B, H, nchunks, P, N]`).
+pub fn state_elems(sh: &Mamba3Shape) -> usize {
+    sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state
+}
+
+/// Elements of the D-gradient partials the backward pass writes, one per
+/// (batch row, chunk, head): `[B, nchunks, H]`.
+pub fn dskip_part_elems(sh: &Mamba3Shape) -> usize {
+    sh.batch * sh.nchunks * sh.nheads
+}
+
+/// Opts the per-chunk kernels into the most dynamic shared memory a block
+/// may use, so every supported shape launches without re-opting (a graph
+/// captured for one shape stays valid after another shape ran). Called
+/// outside any capture: setting a function attribute is not a stream
+/// operation, but keeping it out keeps the captured work to launches.
+pub fn prepare(gpu: &Gpu) -> Result<(), GpuError> {
+    let bytes = i32::try_from(MAX_SCAN_SMEM).map_err(|_| GpuError::SizeOverflow {
+        what: "chunk scan shared memory",
+        value: 232_448,
+        target: "i32",
+    })?;
+    for name in ["m3c_chunk_state", "m3c_scan_out", "m3c_scan_bwd"] {
+        gpu.kernel(name)?
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes,
+            )
+            .during("opt a chunk scan kernel into large shared memory")?;
+    }
+    Ok(())
+}
+
+fn unsupported(sh: &Mamba3Shape) -> GpuError {
+    GpuError::BufferTooSmall {
+        what: "chunk scan: shared memory per block, or C/N/P not multiples of 16",
+        need: bwd_smem(sh).max(out_smem(sh)),
+        have: MAX_SCAN_SMEM,
+    }
+}
+
+/// One block per (chunk, batch row x head), `smem` bytes of shared memory.
+/// Outside a capture the kernels are (re-)opted in first.
+fn per_chunk(gpu: &Gpu, sh: &Mamba3Shape, smem: usize) -> Result<LaunchConfig, GpuError> {
+    if !supported(sh) {
+        return Err(unsupported(sh));
+    }
+    if gpu.refuse_in_capture("set a kernel attribute").is_ok() {
+        prepare(gpu)?;
+    }
+    Ok(LaunchConfig {
+        grid_dim: (
+            to_u32("chunk scan: chunks", sh.nchunks)?.max(1),
+            to_u32("chunk scan: batch * heads", sh.batch * sh.nheads)?.max(1),
+            1,
+        ),
+        block_dim: (CHUNK_THREADS, 1, 1),
+        shared_mem_bytes: to_u32("chunk scan shared memory", smem)?,
+    })
+}
+
+fn pass_cfg(sh: &Mamba3Shape) -> Result<LaunchConfig, GpuError> {
+    let pn = to_u32("chunk scan: P * N", sh.headdim * sh.d_state)?;
+    Ok(LaunchConfig {
+        grid_dim: (
+            pn.div_ceil(CHUNK_PASS_THREADS).max(1),
+            to_u32("chunk scan: batch * heads", sh.batch * sh.nheads)?.max(1),
+            1,
+        ),
+        block_dim: (CHUNK_PASS_THREADS, 1, 1),
+        shared_mem_bytes: to_u32("chunk scan: decay table", 4 * sh.nchunks)?,
+    })
+}
+
+/// Chunk contributions to a state recurrence, written into `out`
+/// `[B, H, nchunks, P, N]`, then walked into the per-chunk states (`dir` 0)
+/// or state gradients (`dir` 1). `x` is `proj` (x columns at `x_off`,
+/// forward) or `dy` (backward); `y` is `k` or `q`.
+#[allow(clippy::too_many_arguments)]
+fn states_and_walk(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    x: (&DeviceBuffer<f32>, usize, usize),
+    y: &DeviceBuffer<f32>,
+    scalars: ScanScalars<'_>,
+    out: &mut DeviceBuffer<f32>,
+    dir: u32,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    let [dt, adt, lam, _] = scalars;
+    let (xb, stride, off) = x;
+    let (stride, off) = (
+        to_u32("chunk scan: x row stride", stride)?,
+        to_u32("chunk scan: x offset", off)?,
+    );
+    let cfg = per_chunk(gpu, sh, state_smem(sh))?;
+    let f = gpu.kernel("m3c_chunk_state")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(xb.slice()?).arg(&stride).arg(&off).arg(y.slice()?);
+    b.arg(dt.slice()?).arg(adt.slice()?).arg(lam.slice()?);
+    b.arg(out.slice_mut()?).arg(&d).arg(&dir);
+    // SAFETY: block (c, b*H + h) reads rows [b T + c C, + C) of x (stride
+    // and offset checked by the callers against x's length), of y
+    // [rows, H, N] and of the [rows, H] scalars, and writes its own P x N
+    // slice of `out` (length checked); shared memory is `state_smem`.
+    unsafe { b.launch(cfg) }.during("launch m3c_chunk_state")?;
+
+    let f = gpu.kernel("m3c_state_pass")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(adt.slice()?).arg(out.slice_mut()?).arg(&d).arg(&dir);
+    // SAFETY: thread i of block (x, b*H + h) owns element x*256 + i < P*N of
+    // every chunk slice of (b, h) in `out` (length checked); adt is
+    // [rows, H] (checked); shared memory holds nchunks floats.
+    unsafe { b.launch(pass_cfg(sh)?) }.during("launch m3c_state_pass")?;
+    Ok(())
+}
+
+fn check_inputs(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    q: &DeviceBuffer<f32>,
+    k: &DeviceBuffer<f32>,
+    proj: &DeviceBuffer<f32>,
+    scalars: ScanScalars<'_>,
+    dskip: &DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let hn = sh.per_row(sh.nheads * sh.d_state)?;
+    need(gpu, "chunk scan: q", q, hn)?;
+    need(gpu, "chunk scan: k", k, hn)?;
+    need(gpu, "chunk scan: proj", proj, sh.per_row(sh.width)?)?;
+    let [dt, adt, lam, qk_raw] = scalars;
+    for (what, buf) in [
+        ("chunk scan: dt", dt),
+        ("chunk scan: adt", adt),
+        ("chunk scan: lam", lam),
+        ("chunk scan: qk_raw", qk_raw),
+    ] {
+        need(gpu, what, buf, sh.per_row(sh.nheads)?)?;
+    }
+    need(gpu, "chunk scan: D", dskip, sh.nheads)
+}
+
+/// The chunk-parallel scan forward: `y` `[rows, d_inner]` and the state
+/// entering every chunk, `states` `[B, H, nchunks, P, N]` (the same outputs
+/// as [`super::mamba3::scan_fwd`]).
+#[allow(clippy::too_many_arguments)]
+pub fn scan_fwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    q: &DeviceBuffer<f32>,
+    k: &DeviceBuffer<f32>,
+    proj: &DeviceBuffer<f32>,
+    scalars: ScanScalars<'_>,
+    dskip: &DeviceBuffer<f32>,
+    y: &mut DeviceBuffer<f32>,
+    states: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    check_inputs(gpu, sh, q, k, proj, scalars, dskip)?;
+    need(gpu, "chunk scan: y", y, sh.per_row(sh.d_inner)?)?;
+    need(gpu, "chunk scan: states", states, state_elems(sh))?;
+    states_and_walk(
+        gpu,
+        sh,
+        (proj, sh.width, sh.layout.x),
+        k,
+        scalars,
+        states,
+        0,
+    )?;
+
+    let d = sh.dims()?;
+    let [dt, adt, lam, qk_raw] = scalars;
+    let cfg = per_chunk(gpu, sh, out_smem(sh))?;
+    let f = gpu.kernel("m3c_scan_out")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
+    b.arg(dt.slice()?)
+        .arg(adt.slice()?)
+        .arg(lam.slice()?)
+        .arg(qk_raw.slice()?)
+        .arg(dskip.slice()?);
+    b.arg(states.slice()?).arg(y.slice_mut()?).arg(&d);
+    // SAFETY: block (c, b*H + h) reads its chunk's rows of q/k/proj/scalars,
+    // D[h] and its state slice, and writes its rows of y's head-h columns;
+    // all lengths checked above; shared memory is `out_smem`.
+    unsafe { b.launch(cfg) }.during("launch m3c_scan_out")?;
+    Ok(())
+}
+
+/// The chunk-parallel scan backward. Same outputs as
+/// [`super::mamba3_bwd::scan_bwd`] except `dskip_part`, which holds one
+/// partial per (batch row, chunk, head) (see [`dskip_part_elems`]);
+/// `gstates` (`[B, H, nchunks, P, N]`) is working memory.
+#[allow(clippy::too_many_arguments)]
+pub fn scan_bwd(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    q: &DeviceBuffer<f32>,
+    k: &DeviceBuffer<f32>,
+    proj: &DeviceBuffer<f32>,
+    scalars: ScanScalars<'_>,
+    dskip: &DeviceBuffer<f32>,
+    states: &DeviceBuffer<f32>,
+    gstates: &mut DeviceBuffer<f32>,
+    dy: &DeviceBuffer<f32>,
+    out: ScanGrads<'_>,
+) -> Result<(), GpuError> {
+    check_inputs(gpu, sh, q, k, proj, scalars, dskip)?;
+    let (hn, rh) = (sh.per_row(sh.nheads * sh.d_state)?, sh.per_row(sh.nheads)?);
+    need(gpu, "chunk scan bwd: states", states, state_elems(sh))?;
+    need(gpu, "chunk scan bwd: gstates", gstates, state_elems(sh))?;
+    need(gpu, "chunk scan bwd: dy", dy, sh.per_row(sh.d_inner)?)?;
+    need(gpu, "chunk scan bwd: dq", out.dq, hn)?;
+    need(gpu, "chunk scan bwd: dk", out.dk, hn)?;
+    need(
+        gpu,
+        "chunk scan bwd: dproj",
+        out.dproj,
+        sh.per_row(sh.width)?,
+    )?;
+    need(gpu, "chunk scan bwd: dadt", out.dadt, rh)?;
+    need(gpu, "chunk scan bwd: dscale", out.dscale, rh)?;
+    need(gpu, "chunk scan bwd: dqkdot", out.dqkdot, rh)?;
+    need(
+        gpu,
+        "chunk scan bwd: dD partials",
+        out.dskip_part,
+        dskip_part_elems(sh),
+    )?;
+    states_and_walk(gpu, sh, (dy, sh.d_inner, 0), q, scalars, gstates, 1)?;
+
+    let d = sh.dims()?;
+    let [dt, adt, lam, qk_raw] = scalars;
+    let cfg = per_chunk(gpu, sh, bwd_smem(sh))?;
+    let f = gpu.kernel("m3c_scan_bwd")?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
+    b.arg(dt.slice()?)
+        .arg(adt.slice()?)
+        .arg(lam.slice()?)
+        .arg(qk_raw.slice()?)
+        .arg(dskip.slice()?);
+    b.arg(states.slice()?)
+        .arg(gstates.slice()?)
+        .arg(dy.slice()?);
+    b.arg(out.dq.slice_mut()?)
+        .arg(out.dk.slice_mut()?)
+        .arg(out.dproj.slice_mut()?);
+    b.arg(out.dadt.slice_mut()?)
+        .arg(out.dscale.slice_mut()?)
+        .arg(out.dqkdot.slice_mut()?);
+    b.arg(out.dskip_part.slice_mut()?).arg(&d);
+    // SAFETY: block (c, b*H + h) reads its chunk's rows of every input and
+    // its state slices, and writes its chunk's rows of the outputs and its
+    // own dD partial; all lengths checked above; shared memory is `bwd_smem`.
+    unsafe { b.launch(cfg) }.during("launch m3c_scan_bwd")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mamba3::Mamba3Config;
+
+    #[test]
+    fn thread_counts_match_the_kernel() {
+        let src = include_str!("../../../kernels/mamba3_chunk.cu");
+        assert!(src.contains(&format!("#define M3C_THREADS {CHUNK_THREADS}")));
+        assert!(src.contains(&format!("#define M3C_PASS_THREADS {CHUNK_PASS_THREADS}")));
+        assert!(src.contains(&format!("#define M3C_PAD {PAD}")));
+        assert!(src.contains("#define M3C_WARPS (M3C_THREADS / 32)"));
+        assert_eq!(usize::try_from(CHUNK_THREADS / 32).ok(), Some(WARPS));
+    }
+
+    fn shape(d_state: usize, headdim: usize, chunk: usize) -> Mamba3Shape {
+        let mut cfg = Mamba3Config::tiny();
+        cfg.d_model = 256;
+        cfg.d_state = d_state;
+        cfg.headdim = headdim;
+        cfg.chunk_size = chunk;
+        Mamba3Shape::new(&cfg, 2, 300)
+    }
+
+    #[test]
+    fn the_official_default_shape_fits() {
+        // N 128, P 64, chunk 64: the bench's M and L shapes.
+        let sh = shape(128, 64, 64);
+        assert!(supported(&sh), "bwd {} B", bwd_smem(&sh));
+        assert!(bwd_smem(&sh) > out_smem(&sh));
+    }
+
+    #[test]
+    fn odd_or_oversized_shapes_fall_back() {
+        assert!(!supported(&shape(128, 64, 8)));
+        assert!(!supported(&shape(40, 64, 64)));
+        assert!(!supported(&shape(128, 4, 64)));
+        assert!(!supported(&shape(512, 64, 64)));
+    }
+
+    #[test]
+    fn partials_cover_every_chunk() {
+        let sh = shape(64, 16, 64);
+        assert_eq!(sh.nchunks, 5);
+        assert_eq!(dskip_part_elems(&sh), 2 * 5 * sh.nheads);
+        assert_eq!(state_elems(&sh), 2 * sh.nheads * 5 * 16 * 64);
+    }
+}
