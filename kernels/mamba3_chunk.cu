@@ -106,6 +106,14 @@ __device__ __forceinline__ float m3c_quad_sum(float v) {
     return v;
 }
 
+// Sum over aligned groups of eight lanes (xor 4, 2, 1: a fixed order).
+__device__ __forceinline__ float m3c_oct_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v;
+}
+
 // Stores per-(row, 16-column tile) partial sums of `f(row, col) * acc` into
 // part[row * ntiles + n0 / 16]; the caller adds the tiles in order later.
 template <class F>
@@ -498,12 +506,19 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
             }
         }
     }
-    for (unsigned t = threadIdx.x; t < C; t += blockDim.x) {
+    // dy_t . v_t: eight lanes per row, folded in a fixed butterfly.
+    for (unsigned base = 0; base < C; base += blockDim.x / 8) {
+        const unsigned t = base + threadIdx.x / 8, j = threadIdx.x % 8;
         float acc = 0.0f;
-        for (unsigned p = 0; p < P; ++p) {
-            acc = fmaf(DY[t * PS + p], V[t * PS + p], acc);
+        if (t < C) {
+            for (unsigned p = j; p < P; p += 8) {
+                acc = fmaf(DY[t * PS + p], V[t * PS + p], acc);
+            }
         }
-        dyv[t] = acc;
+        acc = m3c_oct_sum(acc);
+        if (t < C && j == 0) {
+            dyv[t] = acc;
+        }
     }
     __syncthreads();
     // dq = e^{cs_t} (S_c^T dy_t) + sum_{s<t} DV_ts k~_s; the first term's
@@ -536,15 +551,22 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
             }
         }
     }
-    for (unsigned t = threadIdx.x; t < C; t += blockDim.x) {
+    // Pair terms: sum_{s<t} w_ts - sum_{u>t} w_ut, eight lanes per row.
+    for (unsigned base = 0; base < C; base += blockDim.x / 8) {
+        const unsigned t = base + threadIdx.x / 8, j = threadIdx.x % 8;
         float acc = 0.0f;
-        for (unsigned s = 0; s < t; ++s) {
-            acc += QK[s * CS + t];
+        if (t < L) {
+            for (unsigned s = j; s < t; s += 8) {
+                acc += QK[s * CS + t];
+            }
+            for (unsigned u = t + 1 + j; u < L; u += 8) {
+                acc -= QK[t * CS + u];
+            }
         }
-        for (unsigned u = t + 1; u < L; ++u) {
-            acc -= QK[t * CS + u];
+        acc = m3c_oct_sum(acc);
+        if (t < C && j == 0) {
+            pr[t] = acc;
         }
-        pr[t] = acc;
     }
     // sum over the state of G . S_c (drives e^{cs_last} in front of S_c),
     // then G replaces S_c in X.
@@ -652,24 +674,41 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         dscale[rh] = ds;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float gsum = 0.0f;
-        for (unsigned w = 0; w < M3C_WARPS; ++w) {
-            gsum += red[w];
-        }
+    if (warp == 0) {
+        float gsum = m3_warp_sum(lane < M3C_WARPS ? red[lane] : 0.0f);
         float sum_vg = 0.0f, dd = 0.0f;
-        for (unsigned t = 0; t < L; ++t) {
+        for (unsigned t = lane; t < L; t += 32) {
             sum_vg += pb[t * TP];
             dd += dyv[t];
         }
+        sum_vg = m3_warp_sum(sum_vg);
+        dd = m3_warp_sum(dd);
         // The last position also drives e^{cs_last} in front of S_c and of
         // every e^{cs_last - cs_s}.
-        pr[L - 1] += expf(cs[L - 1]) * gsum + sum_vg;
-        float acc = 0.0f;
-        for (unsigned t = L; t-- > 0;) {
-            acc += pr[t];
-            dadt[(row0 + t) * d.nheads + h] = acc;
+        if (lane == 0) {
+            pr[L - 1] += expf(cs[L - 1]) * gsum + sum_vg;
         }
-        dskip_part[((unsigned long long)b * d.nchunks + c) * d.nheads + h] = dd;
+        __syncwarp();
+        // dL/dadt_t = sum_{u >= t} dL/dcs_u: suffix sums 32 positions at a
+        // time from the chunk's end, carrying the total.
+        float carry = 0.0f;
+        for (unsigned end = L; end > 0; end = end > 32 ? end - 32 : 0) {
+            const unsigned first = end > 32 ? end - 32 : 0, t = first + lane;
+            float v = t < end ? pr[t] : 0.0f;
+            for (unsigned o = 1; o < 32; o <<= 1) {
+                const float n = __shfl_down_sync(0xffffffffu, v, o);
+                if (lane + o < 32) {
+                    v += n;
+                }
+            }
+            v += carry;
+            if (t < end) {
+                dadt[(row0 + t) * d.nheads + h] = v;
+            }
+            carry = __shfl_sync(0xffffffffu, v, 0);
+        }
+        if (lane == 0) {
+            dskip_part[((unsigned long long)b * d.nchunks + c) * d.nheads + h] = dd;
+        }
     }
 }

@@ -109,18 +109,24 @@ fn configs_parse_by_name_and_by_shape() {
 }
 
 #[test]
-fn memory_estimate_says_l_does_not_fit_an_h200() {
+fn memory_estimate_puts_l_on_an_h200() {
     let gib = |b: u64| b >> 30;
     let s = preset("S");
     let s_f32 = estimate_bytes(&s.model(256), s.batch, s.seq_len, 4);
-    // Measured on the H200: 402_653_184 bytes for the f32 step.
-    assert!((400_000_000..420_000_000).contains(&s_f32), "{s_f32}");
+    // S's f32 step without per-layer q/k and with the chunk scan's state
+    // gradients (the H200 measured 402_653_184 bytes before both changes).
+    assert!((300_000_000..420_000_000).contains(&s_f32), "{s_f32}");
     assert!(estimate_bytes(&s.model(256), s.batch, s.seq_len, 2) < s_f32);
     let l = preset("L");
-    // The activations the step keeps (f32 proj, per-head q and k, chunk
-    // states) exceed the H200's 139 GiB in both precisions.
-    assert!(gib(estimate_bytes(&l.model(256), l.batch, l.seq_len, 4)) > 140);
-    assert!(gib(estimate_bytes(&l.model(256), l.batch, l.seq_len, 2)) > 140);
+    let (l_f32, l_bf16) = (
+        estimate_bytes(&l.model(256), l.batch, l.seq_len, 4),
+        estimate_bytes(&l.model(256), l.batch, l.seq_len, 2),
+    );
+    println!("L: f32 {} GiB, bf16 {} GiB", gib(l_f32), gib(l_bf16));
+    // Recomputing q and k in the backward pass (they were 48 GiB of L's
+    // ~155) is what puts L under the H200's 139 GiB.
+    assert!(gib(l_bf16) < 130, "{l_bf16}");
+    assert!(l_bf16 < l_f32);
 }
 
 #[test]

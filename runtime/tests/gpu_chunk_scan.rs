@@ -103,8 +103,8 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
         kc::scan_fwd(
             gpu,
             &sh,
-            &la.q,
-            &la.k,
+            &s.acts.q,
+            &s.acts.k,
             &la.proj,
             scalars,
             &lw.d,
@@ -116,8 +116,8 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
         k::scan_fwd(
             gpu,
             &sh,
-            &la.q,
-            &la.k,
+            &s.acts.q,
+            &s.acts.k,
             &la.proj,
             scalars,
             &lw.d,
@@ -140,8 +140,8 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
         kc::scan_bwd(
             gpu,
             &sh,
-            &la.q,
-            &la.k,
+            &s.acts.q,
+            &s.acts.k,
             &la.proj,
             scalars,
             &lw.d,
@@ -153,7 +153,7 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
         .expect("chunk scan backward");
     } else {
         kb::scan_bwd(
-            gpu, &sh, &la.q, &la.k, &la.proj, scalars, &lw.d, &o.states, dy, grads,
+            gpu, &sh, &s.acts.q, &s.acts.k, &la.proj, scalars, &lw.d, &o.states, dy, grads,
         )
         .expect("scalar scan backward");
     }

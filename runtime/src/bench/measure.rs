@@ -233,11 +233,11 @@ pub fn estimate_bytes(cfg: &Mamba3Config, batch: usize, seq_len: usize, operand_
     let (h, n, g, s) = (w(sh.nheads), w(sh.d_state), w(sh.ngroups), w(sh.angles));
     let hn = h * n;
     let ob = operand_bytes;
-    let per_layer_row =
-        4 * (dm + 1 + e + 2 * g + s + 3 * h + h * s + 2 * hn + h + di + h) + ob * (dm + di);
+    // Rotated q and k are not kept per layer (see `Acts::q`).
+    let per_layer_row = 4 * (dm + 1 + e + 2 * g + s + 3 * h + h * s + h + di + h) + ob * (dm + di);
     let states = 4 * w(sh.batch) * h * w(sh.nchunks) * w(sh.headdim) * n;
     let layers = w(cfg.n_layer) * (rows * per_layer_row + states);
-    let globals = rows * (4 * (dm + 1 + v + 2) + ob * dm);
+    let globals = rows * (4 * (dm + 1 + v + 2 + 2 * hn) + ob * dm);
     let widest = dm.max(di).max(g * n);
     // The chunk scan's backward state gradients, when the shape can use it.
     let gstates = if crate::kernels::mamba3_chunk::supported(&sh) {
@@ -246,7 +246,7 @@ pub fn estimate_bytes(cfg: &Mamba3Config, batch: usize, seq_len: usize, operand_
         0
     };
     let work =
-        4 * rows * (2 * dm + v + 2 * di + e + 2 * hn + 3 * h + h * s + widest + g * n) + gstates;
+        4 * rows * (2 * dm + v + 2 * di + e + 4 * hn + 4 * h + h * s + widest + g * n) + gstates;
     let params = param_count(cfg);
     let (copies, staging) = if ob < 4 {
         (ob * params, ob * rows * v.max(dm).max(e))

@@ -76,10 +76,6 @@ pub struct LayerActs<B = DeviceBuffer<f32>> {
     pub lam: DeviceBuffer<f32>,
     /// Wrapped cumulative angles `[rows, H, S]`.
     pub phi: DeviceBuffer<f32>,
-    /// Rotated queries `[rows, H, N]`.
-    pub q: DeviceBuffer<f32>,
-    /// Rotated keys `[rows, H, N]`.
-    pub k: DeviceBuffer<f32>,
     /// Unrotated `Ĉ · B̂` `[rows, H]`.
     pub qk_raw: DeviceBuffer<f32>,
     /// Scan state entering each chunk `[B, H, nchunks, P, N]`.
@@ -107,8 +103,6 @@ impl<T: Compute> LayerActs<DeviceBuffer<T>> {
             adt: buf(gpu, sh.per_row(sh.nheads))?,
             lam: buf(gpu, sh.per_row(sh.nheads))?,
             phi: buf(gpu, sh.per_row(sh.nheads * sh.angles))?,
-            q: buf(gpu, sh.per_row(sh.nheads * sh.d_state))?,
-            k: buf(gpu, sh.per_row(sh.nheads * sh.d_state))?,
             qk_raw: buf(gpu, sh.per_row(sh.nheads))?,
             states: buf(gpu, Ok(states))?,
             y: buf(gpu, sh.per_row(sh.d_inner))?,
@@ -127,6 +121,13 @@ pub struct Acts<B = DeviceBuffer<f32>> {
     pub shape: Mamba3Shape,
     /// One entry per block.
     pub layers: Vec<LayerActs<B>>,
+    /// Rotated queries of the block being run `[rows, H, N]`, shared by all
+    /// blocks: the backward pass recomputes each block's from `proj` and
+    /// `phi` (one cheap kernel) instead of keeping 2 x n_layer x rows x H x
+    /// N floats, the largest activation of a wide model.
+    pub q: DeviceBuffer<f32>,
+    /// Rotated keys of the block being run `[rows, H, N]`, shared like `q`.
+    pub k: DeviceBuffer<f32>,
     /// Residual stream after the last block `[rows, d_model]`.
     pub h_final: DeviceBuffer<f32>,
     /// Reciprocal RMS of `norm_f` `[rows]`.
@@ -164,6 +165,8 @@ impl<T: Compute> Acts<DeviceBuffer<T>> {
         Ok(Self {
             shape: sh,
             layers,
+            q: buf(gpu, sh.per_row(sh.nheads * sh.d_state))?,
+            k: buf(gpu, sh.per_row(sh.nheads * sh.d_state))?,
             h_final: buf(gpu, sh.per_row(sh.d_model))?,
             rstd_f: buf(gpu, Ok(sh.rows))?,
             normed: buf_of(gpu, sh.per_row(sh.d_model))?,
@@ -197,6 +200,13 @@ pub struct BackwardWork {
     pub dy: DeviceBuffer<f32>,
     /// dL/d in_proj output `[rows, E]`.
     pub dproj: DeviceBuffer<f32>,
+    /// The block's rotated queries, recomputed from its `proj` and `phi`
+    /// (the forward pass keeps only the last block's) `[rows, H, N]`.
+    pub q: DeviceBuffer<f32>,
+    /// The block's rotated keys, recomputed like `q` `[rows, H, N]`.
+    pub k: DeviceBuffer<f32>,
+    /// The recomputation's `Ĉ · B̂` (equal to the kept one) `[rows, H]`.
+    pub qk_raw: DeviceBuffer<f32>,
     /// dL/dq, then dL/d(biased query) `[rows, H, N]`.
     pub dq: DeviceBuffer<f32>,
     /// dL/dk, then dL/d(biased key) `[rows, H, N]`.
@@ -255,6 +265,9 @@ impl BackwardWork {
             d_o: buf(gpu, sh.per_row(sh.d_inner))?,
             dy: buf(gpu, sh.per_row(sh.d_inner))?,
             dproj: buf(gpu, sh.per_row(sh.width))?,
+            q: buf(gpu, sh.per_row(hn))?,
+            k: buf(gpu, sh.per_row(hn))?,
+            qk_raw: buf(gpu, sh.per_row(sh.nheads))?,
             dq: buf(gpu, sh.per_row(hn))?,
             dk: buf(gpu, sh.per_row(hn))?,
             dadt: buf(gpu, sh.per_row(sh.nheads))?,

@@ -14,7 +14,7 @@
 //! compute type; gradients come out in f32.
 
 use crate::device::{DeviceBuffer, Gemm, Gpu};
-use crate::kernels::mamba3::Mamba3Shape;
+use crate::kernels::mamba3::{self as kf, Mamba3Shape};
 use crate::kernels::mamba3_bwd::{self as kb, ScanGrads};
 use crate::kernels::mamba3_chunk as kc;
 use crate::kernels::precision::Compute;
@@ -198,6 +198,9 @@ fn mixer_backward<T: Compute>(
         d_o,
         dy,
         dproj,
+        q,
+        k,
+        qk_raw,
         dq,
         dk,
         dadt,
@@ -241,6 +244,21 @@ fn mixer_backward<T: Compute>(
         kb::colsum(gpu, contrib, rows, di, di, 0, partials, gn)?;
     }
 
+    // The forward pass kept only the last block's rotated q and k.
+    probe.enter(gpu, E, "qk norm + rotate (recompute)")?;
+    kf::qk_fwd(
+        gpu,
+        sh,
+        &la.proj,
+        &la.rstd_b,
+        &la.rstd_c,
+        [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
+        &la.phi,
+        q,
+        k,
+        qk_raw,
+    )?;
+    let (q, k) = (&*q, &*k);
     let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
     let out = ScanGrads {
         dq: &mut *dq,
@@ -255,13 +273,11 @@ fn mixer_backward<T: Compute>(
     // The chunk-parallel scan leaves one dD partial per (row, chunk, head).
     let dd_rows = if T::TENSOR_CORE_SCAN && kc::supported(sh) {
         kc::scan_bwd(
-            gpu, sh, &la.q, &la.k, &la.proj, scalars, &lw.d, &la.states, gstates, dy, out,
+            gpu, sh, q, k, &la.proj, scalars, &lw.d, &la.states, gstates, dy, out,
         )?;
         sh.batch * sh.nchunks
     } else {
-        kb::scan_bwd(
-            gpu, sh, &la.q, &la.k, &la.proj, scalars, &lw.d, &la.states, dy, out,
-        )?;
+        kb::scan_bwd(gpu, sh, q, k, &la.proj, scalars, &lw.d, &la.states, dy, out)?;
         sh.batch
     };
     probe.enter(gpu, E, "colsum (param grads)")?;
@@ -274,7 +290,7 @@ fn mixer_backward<T: Compute>(
         &la.proj,
         [&la.rstd_b, &la.rstd_c],
         [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
-        [&la.phi, &la.q, &la.k, &la.dt, &la.lam],
+        [&la.phi, q, k, &la.dt, &la.lam],
         dqkdot,
         dq,
         dk,

@@ -116,12 +116,19 @@ pub fn blocks_forward<W: StepWeights>(
     let sh = acts.shape;
     let nl = acts.layers.len();
     same("activation layers vs weight layers", w.layers.len(), nl)?;
+    let Acts {
+        layers,
+        q,
+        k,
+        h_final,
+        ..
+    } = acts;
     for l in 0..nl {
-        let (cur, rest) = acts.layers.split_at_mut(l + 1);
+        let (cur, rest) = layers.split_at_mut(l + 1);
         let la = &mut cur[l];
         let next = match rest.first_mut() {
             Some(n) => &mut n.h_in,
-            None => &mut acts.h_final,
+            None => &mut *h_final,
         };
         let gemm_w = weights.layer_gemm(l)?;
         let lw = w.layers.get(l).ok_or(Mamba3GpuError::Shape {
@@ -129,23 +136,28 @@ pub fn blocks_forward<W: StepWeights>(
             expected: nl,
             found: w.layers.len(),
         })?;
-        mixer_forward(gpu, &sh, lw, gemm_w, la, next, probe)?;
+        mixer_forward(gpu, &sh, lw, gemm_w, la, [&mut *q, &mut *k], next, probe)?;
     }
     Ok(())
 }
 
 /// One block: `h_next = h_in + out_proj(mixer(norm(h_in)))`.
-/// `gemm_w` holds the block's `[in_proj, out_proj]` in the compute type.
+/// `gemm_w` holds the block's `[in_proj, out_proj]` in the compute type;
+/// `qk` the shared rotated q and k buffers.
+// The block's buffers plus the probe, as in `mixer_backward`.
+#[allow(clippy::too_many_arguments)]
 fn mixer_forward<T: Compute>(
     gpu: &Gpu,
     sh: &k::Mamba3Shape,
     lw: &LayerWeights,
     gemm_w: [&DeviceBuffer<T>; 2],
     la: &mut LayerActs<DeviceBuffer<T>>,
+    qk: [&mut DeviceBuffer<f32>; 2],
     h_next: &mut DeviceBuffer<f32>,
     probe: &mut impl Probe,
 ) -> Result<(), Mamba3GpuError> {
     let [w_in, w_out] = gemm_w;
+    let [q, k_rot] = qk;
     let (rows, dm) = (sh.rows, sh.d_model);
     probe.enter(gpu, E, "rmsnorm fwd")?;
     k::rmsnorm_fwd(
@@ -190,8 +202,8 @@ fn mixer_forward<T: Compute>(
         &la.rstd_c,
         [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
         &la.phi,
-        &mut la.q,
-        &mut la.k,
+        q,
+        k_rot,
         &mut la.qk_raw,
     )?;
     probe.enter(gpu, S, "scan fwd")?;
@@ -200,8 +212,8 @@ fn mixer_forward<T: Compute>(
         kc::scan_fwd(
             gpu,
             sh,
-            &la.q,
-            &la.k,
+            q,
+            k_rot,
             &la.proj,
             scalars,
             &lw.d,
@@ -212,8 +224,8 @@ fn mixer_forward<T: Compute>(
         k::scan_fwd(
             gpu,
             sh,
-            &la.q,
-            &la.k,
+            q,
+            k_rot,
             &la.proj,
             scalars,
             &lw.d,
