@@ -390,6 +390,32 @@ pub fn qk_fwd(
 /// Per-head scan inputs: `[dt, adt, lam, qk_raw]`, each `[rows, H]`.
 pub type ScanScalars<'a> = [&'a DeviceBuffer<f32>; 4];
 
+/// Checks the inputs every scan kernel (scalar or chunked, forward or
+/// backward) reads: `qkp` = `[q, k, proj]`, the per-head scalars and `D`.
+pub(crate) fn check_scan_inputs(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    qkp: [&DeviceBuffer<f32>; 3],
+    scalars: ScanScalars<'_>,
+    dskip: &DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let [q, k, proj] = qkp;
+    let hn = sh.per_row(sh.nheads * sh.d_state)?;
+    need(gpu, "scan: q", q, hn)?;
+    need(gpu, "scan: k", k, hn)?;
+    need(gpu, "scan: proj", proj, sh.per_row(sh.width)?)?;
+    let [dt, adt, lam, qk_raw] = scalars;
+    for (what, buf) in [
+        ("scan: dt", dt),
+        ("scan: adt", adt),
+        ("scan: lam", lam),
+        ("scan: qk_raw", qk_raw),
+    ] {
+        need(gpu, what, buf, sh.per_row(sh.nheads)?)?;
+    }
+    need(gpu, "scan: D", dskip, sh.nheads)
+}
+
 /// Dynamic shared memory of the forward scan, in bytes.
 pub fn scan_fwd_smem(sh: &Mamba3Shape) -> usize {
     let (p, n, c) = (sh.headdim, sh.d_state + 1, sh.chunk);
@@ -484,18 +510,7 @@ pub fn scan_fwd(
 ) -> Result<(), GpuError> {
     let d = sh.dims()?;
     let [dt, adt, lam, qk_raw] = scalars;
-    need(gpu, "scan: q", q, sh.per_row(sh.nheads * sh.d_state)?)?;
-    need(gpu, "scan: k", k, sh.per_row(sh.nheads * sh.d_state)?)?;
-    need(gpu, "scan: proj", proj, sh.per_row(sh.width)?)?;
-    for (what, buf) in [
-        ("scan: dt", dt),
-        ("scan: adt", adt),
-        ("scan: lam", lam),
-        ("scan: qk_raw", qk_raw),
-    ] {
-        need(gpu, what, buf, sh.per_row(sh.nheads)?)?;
-    }
-    need(gpu, "scan: D", dskip, sh.nheads)?;
+    check_scan_inputs(gpu, sh, [q, k, proj], scalars, dskip)?;
     need(gpu, "scan: y", y, sh.per_row(sh.d_inner)?)?;
     need(
         gpu,

@@ -7,8 +7,8 @@ use cudarc::driver::{LaunchConfig, PushKernelArg as _};
 
 use super::launch::{self, BLOCK};
 use super::mamba3::{
-    BcParams, Mamba3Shape, ScanScalars, need, row_blocks, scan_bwd_smem, scan_launch,
-    thread_blocks, warp_blocks,
+    BcParams, Mamba3Shape, ScanScalars, check_scan_inputs, need, row_blocks, scan_bwd_smem,
+    scan_launch, thread_blocks, warp_blocks,
 };
 use crate::device::error::During as _;
 use crate::device::{DeviceBuffer, Gpu, GpuError, to_u32};
@@ -163,6 +163,27 @@ pub struct ScanGrads<'a> {
     pub dskip_part: &'a mut DeviceBuffer<f32>,
 }
 
+impl ScanGrads<'_> {
+    /// Checks every output against the shape; `dskip_part` must hold
+    /// `dskip_elems` partials (the scalar and chunked scans differ there).
+    pub(crate) fn check(
+        &self,
+        gpu: &Gpu,
+        sh: &Mamba3Shape,
+        dskip_elems: usize,
+    ) -> Result<(), GpuError> {
+        let hn = sh.per_row(sh.nheads * sh.d_state)?;
+        let rh = sh.per_row(sh.nheads)?;
+        need(gpu, "scan_bwd: dq", self.dq, hn)?;
+        need(gpu, "scan_bwd: dk", self.dk, hn)?;
+        need(gpu, "scan_bwd: dproj", self.dproj, sh.per_row(sh.width)?)?;
+        need(gpu, "scan_bwd: dadt", self.dadt, rh)?;
+        need(gpu, "scan_bwd: dscale", self.dscale, rh)?;
+        need(gpu, "scan_bwd: dqkdot", self.dqkdot, rh)?;
+        need(gpu, "scan_bwd: dD partials", self.dskip_part, dskip_elems)
+    }
+}
+
 /// The chunked scan backward (reverse walk over chunks).
 #[allow(clippy::too_many_arguments)]
 pub fn scan_bwd(
@@ -179,20 +200,7 @@ pub fn scan_bwd(
 ) -> Result<(), GpuError> {
     let d = sh.dims()?;
     let [dt, adt, lam, qk_raw] = scalars;
-    let hn = sh.per_row(sh.nheads * sh.d_state)?;
-    let rh = sh.per_row(sh.nheads)?;
-    need(gpu, "scan_bwd: q", q, hn)?;
-    need(gpu, "scan_bwd: k", k, hn)?;
-    need(gpu, "scan_bwd: proj", proj, sh.per_row(sh.width)?)?;
-    for (what, buf) in [
-        ("scan_bwd: dt", dt),
-        ("scan_bwd: adt", adt),
-        ("scan_bwd: lam", lam),
-        ("scan_bwd: qk_raw", qk_raw),
-    ] {
-        need(gpu, what, buf, rh)?;
-    }
-    need(gpu, "scan_bwd: D", dskip, sh.nheads)?;
+    check_scan_inputs(gpu, sh, [q, k, proj], scalars, dskip)?;
     need(
         gpu,
         "scan_bwd: states",
@@ -200,18 +208,7 @@ pub fn scan_bwd(
         sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state,
     )?;
     need(gpu, "scan_bwd: dy", dy, sh.per_row(sh.d_inner)?)?;
-    need(gpu, "scan_bwd: dq", out.dq, hn)?;
-    need(gpu, "scan_bwd: dk", out.dk, hn)?;
-    need(gpu, "scan_bwd: dproj", out.dproj, sh.per_row(sh.width)?)?;
-    need(gpu, "scan_bwd: dadt", out.dadt, rh)?;
-    need(gpu, "scan_bwd: dscale", out.dscale, rh)?;
-    need(gpu, "scan_bwd: dqkdot", out.dqkdot, rh)?;
-    need(
-        gpu,
-        "scan_bwd: dD partials",
-        out.dskip_part,
-        sh.batch * sh.nheads,
-    )?;
+    out.check(gpu, sh, sh.batch * sh.nheads)?;
     let cfg = scan_launch(gpu, sh, scan_bwd_smem(sh))?;
     let f = gpu.kernel("m3_scan_bwd_f32")?;
     let mut b = gpu.stream().launch_builder(f);

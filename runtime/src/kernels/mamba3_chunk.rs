@@ -17,7 +17,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg as _};
 
-use super::mamba3::{MAX_SCAN_SMEM, Mamba3Shape, ScanScalars, need};
+use super::mamba3::{MAX_SCAN_SMEM, Mamba3Shape, ScanScalars, check_scan_inputs, need};
 use super::mamba3_bwd::ScanGrads;
 use crate::device::error::During as _;
 use crate::device::{DeviceBuffer, Gpu, GpuError, to_u32};
@@ -199,31 +199,6 @@ fn states_and_walk(
     Ok(())
 }
 
-fn check_inputs(
-    gpu: &Gpu,
-    sh: &Mamba3Shape,
-    q: &DeviceBuffer<f32>,
-    k: &DeviceBuffer<f32>,
-    proj: &DeviceBuffer<f32>,
-    scalars: ScanScalars<'_>,
-    dskip: &DeviceBuffer<f32>,
-) -> Result<(), GpuError> {
-    let hn = sh.per_row(sh.nheads * sh.d_state)?;
-    need(gpu, "chunk scan: q", q, hn)?;
-    need(gpu, "chunk scan: k", k, hn)?;
-    need(gpu, "chunk scan: proj", proj, sh.per_row(sh.width)?)?;
-    let [dt, adt, lam, qk_raw] = scalars;
-    for (what, buf) in [
-        ("chunk scan: dt", dt),
-        ("chunk scan: adt", adt),
-        ("chunk scan: lam", lam),
-        ("chunk scan: qk_raw", qk_raw),
-    ] {
-        need(gpu, what, buf, sh.per_row(sh.nheads)?)?;
-    }
-    need(gpu, "chunk scan: D", dskip, sh.nheads)
-}
-
 /// The chunk-parallel scan forward: `y` `[rows, d_inner]` and the state
 /// entering every chunk, `states` `[B, H, nchunks, P, N]` (the same outputs
 /// as [`super::mamba3::scan_fwd`]).
@@ -239,7 +214,7 @@ pub fn scan_fwd(
     y: &mut DeviceBuffer<f32>,
     states: &mut DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
-    check_inputs(gpu, sh, q, k, proj, scalars, dskip)?;
+    check_scan_inputs(gpu, sh, [q, k, proj], scalars, dskip)?;
     need(gpu, "chunk scan: y", y, sh.per_row(sh.d_inner)?)?;
     need(gpu, "chunk scan: states", states, state_elems(sh))?;
     states_and_walk(
@@ -289,28 +264,11 @@ pub fn scan_bwd(
     dy: &DeviceBuffer<f32>,
     out: ScanGrads<'_>,
 ) -> Result<(), GpuError> {
-    check_inputs(gpu, sh, q, k, proj, scalars, dskip)?;
-    let (hn, rh) = (sh.per_row(sh.nheads * sh.d_state)?, sh.per_row(sh.nheads)?);
+    check_scan_inputs(gpu, sh, [q, k, proj], scalars, dskip)?;
     need(gpu, "chunk scan bwd: states", states, state_elems(sh))?;
     need(gpu, "chunk scan bwd: gstates", gstates, state_elems(sh))?;
     need(gpu, "chunk scan bwd: dy", dy, sh.per_row(sh.d_inner)?)?;
-    need(gpu, "chunk scan bwd: dq", out.dq, hn)?;
-    need(gpu, "chunk scan bwd: dk", out.dk, hn)?;
-    need(
-        gpu,
-        "chunk scan bwd: dproj",
-        out.dproj,
-        sh.per_row(sh.width)?,
-    )?;
-    need(gpu, "chunk scan bwd: dadt", out.dadt, rh)?;
-    need(gpu, "chunk scan bwd: dscale", out.dscale, rh)?;
-    need(gpu, "chunk scan bwd: dqkdot", out.dqkdot, rh)?;
-    need(
-        gpu,
-        "chunk scan bwd: dD partials",
-        out.dskip_part,
-        dskip_part_elems(sh),
-    )?;
+    out.check(gpu, sh, dskip_part_elems(sh))?;
     states_and_walk(gpu, sh, (dy, sh.d_inner, 0), q, scalars, gstates, 1)?;
 
     let d = sh.dims()?;
