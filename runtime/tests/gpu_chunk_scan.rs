@@ -14,7 +14,7 @@
 
 mod gpu_common;
 
-use gpu_common::oracle::{random_tokens, random_weights};
+use gpu_common::oracle::random_f32_step;
 use gpu_common::{gpu, random};
 use stepgraph::device::{DeviceBuffer, Gpu};
 use stepgraph::kernels::mamba3::{self as k, Mamba3Shape};
@@ -22,22 +22,9 @@ use stepgraph::kernels::mamba3_bwd::{self as kb, ScanGrads};
 use stepgraph::kernels::mamba3_chunk as kc;
 use stepgraph::mamba3::Mamba3Config;
 use stepgraph::mamba3::gpu::{F32Step, forward};
-use stepgraph::optim::{AdamWConfig, DecayPolicy};
 
 fn step(gpu: &Gpu, cfg: &Mamba3Config, batch: usize, len: usize, seed: u64) -> F32Step {
-    let w64 = random_weights(cfg, seed);
-    let mut s = F32Step::new(
-        gpu,
-        cfg,
-        &w64,
-        &AdamWConfig::default(),
-        &DecayPolicy::default(),
-        batch,
-        len,
-    )
-    .expect("step");
-    s.set_tokens(gpu, &random_tokens(cfg, batch, len, seed))
-        .expect("tokens");
+    let mut s = random_f32_step(gpu, cfg, batch, len, seed);
     forward(gpu, &s.weights, &s.tokens, &mut s.acts, &mut s.loss).expect("forward");
     s
 }

@@ -12,7 +12,7 @@ mod gpu_common;
 use std::collections::BTreeMap;
 
 use gpu_common::gpu;
-use gpu_common::oracle::{cpu_tokens, fresh_seed, random_tokens, random_weights};
+use gpu_common::oracle::{cpu_tokens, fresh_seed, random_f32_step, random_tokens, random_weights};
 use stepgraph::device::{DeviceBuffer, Gpu};
 use stepgraph::graph::{GraphError, MovePolicy, Replayed, ShapeKey};
 use stepgraph::mamba3::cpu::{self, ScanMode, param_specs};
@@ -270,23 +270,6 @@ fn all_bits(gpu: &Gpu, s: &F32Step) -> Vec<u32> {
     out
 }
 
-fn timing_free_step(gpu: &Gpu, cfg: &Mamba3Config, batch: usize, len: usize, seed: u64) -> F32Step {
-    let w64 = random_weights(cfg, seed);
-    let mut s = F32Step::new(
-        gpu,
-        cfg,
-        &w64,
-        &AdamWConfig::default(),
-        &DecayPolicy::default(),
-        batch,
-        len,
-    )
-    .expect("step");
-    s.set_tokens(gpu, &random_tokens(cfg, batch, len, seed))
-        .expect("tokens");
-    s
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replay_equals_eager_bit_for_bit_over_50_steps() {
@@ -298,8 +281,8 @@ fn graph_replay_equals_eager_bit_for_bit_over_50_steps() {
     };
     let (batch, len) = (2, 70);
     let seed = fresh_seed();
-    let mut eager = timing_free_step(&gpu, &cfg, batch, len, seed);
-    let mut graphed = timing_free_step(&gpu, &cfg, batch, len, seed);
+    let mut eager = random_f32_step(&gpu, &cfg, batch, len, seed);
+    let mut graphed = random_f32_step(&gpu, &cfg, batch, len, seed);
     let graph = Mamba3F32Graph::capture(
         &gpu,
         graphed.capture_view(),
@@ -339,7 +322,7 @@ fn two_fresh_runs_are_bit_identical() {
     let seed = fresh_seed();
     let mut runs = Vec::new();
     for _ in 0..2 {
-        let mut s = timing_free_step(&gpu, &cfg, 3, 100, seed);
+        let mut s = random_f32_step(&gpu, &cfg, 3, 100, seed);
         for _ in 0..3 {
             s.run_eager(&gpu).expect("eager");
         }
@@ -354,7 +337,7 @@ fn changed_batch_or_length_is_refused_or_recaptured() {
     let gpu = gpu();
     let cfg = base_cfg();
     let seed = fresh_seed();
-    let mut s = timing_free_step(&gpu, &cfg, 2, 16, seed);
+    let mut s = random_f32_step(&gpu, &cfg, 2, 16, seed);
     let mut graph = Mamba3F32Graph::capture(
         &gpu,
         s.capture_view(),
@@ -437,7 +420,7 @@ fn move_buffer(
 fn every_moved_buffer_is_refused_by_name() {
     let gpu = gpu();
     let cfg = base_cfg();
-    let mut s = timing_free_step(&gpu, &cfg, 2, 16, fresh_seed());
+    let mut s = random_f32_step(&gpu, &cfg, 2, 16, fresh_seed());
     let (mut keep, mut keep_i) = (Vec::new(), Vec::new());
     for name in [
         "weights",
@@ -483,7 +466,7 @@ fn eager_vs_graph_step_time() {
         ..Mamba3Config::default()
     };
     let (batch, len) = (16, 256);
-    let mut s = timing_free_step(&gpu, &cfg, batch, len, 1);
+    let mut s = random_f32_step(&gpu, &cfg, batch, len, 1);
     let time = |f: &mut dyn FnMut() -> Result<(), GraphError>| -> f32 {
         let (r, ms) = gpu.time_ms(|| Ok(f())).expect("timing");
         r.expect("step");
@@ -546,7 +529,7 @@ fn every_mamba3_kernel_module_compiles_with_nvrtc() {
 fn ops_run_directly_and_zero_grads_zeroes() {
     let gpu = gpu();
     let cfg = base_cfg();
-    let mut s = timing_free_step(&gpu, &cfg, 2, 8, fresh_seed());
+    let mut s = random_f32_step(&gpu, &cfg, 2, 8, fresh_seed());
     zero_grads(&gpu, &mut s.grads).expect("zero");
     for g in s.grads.params.tensors() {
         assert!(gpu.to_host(g).expect("download").iter().all(|&v| v == 0.0));
@@ -584,7 +567,7 @@ fn step_time_breakdown() {
         headdim: 64,
         ..Mamba3Config::default()
     };
-    let mut s = timing_free_step(&gpu, &cfg, 16, 256, 2);
+    let mut s = random_f32_step(&gpu, &cfg, 16, 256, 2);
     s.run_eager(&gpu).expect("warm-up");
     let e = |r: Result<(), stepgraph::mamba3::gpu::Mamba3GpuError>| r.map_err(|e| e.to_string());
     let g = |r: Result<(), stepgraph::device::GpuError>| r.map_err(|e| e.to_string());

@@ -2,8 +2,11 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use stepgraph::device::Gpu;
 use stepgraph::mamba3::Mamba3Config;
 use stepgraph::mamba3::cpu::{self, ParamKind, Tokens, param_specs};
+use stepgraph::mamba3::gpu::F32Step;
+use stepgraph::optim::{AdamWConfig, DecayPolicy};
 
 /// A seed that differs every run; tests print it so a failure can be replayed.
 pub fn fresh_seed() -> u64 {
@@ -42,4 +45,29 @@ pub fn random_tokens(cfg: &Mamba3Config, batch: usize, len: usize, seed: u64) ->
 pub fn cpu_tokens(cfg: &Mamba3Config, ids: &[i32], batch: usize, len: usize) -> Tokens {
     let wide: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
     Tokens::from_rows(&wide, batch, len + 1, cfg.vocab_size).expect("valid tokens")
+}
+
+/// An f32 step with [`random_weights`] and [`random_tokens`] from `seed`,
+/// default AdamW settings, nothing run yet.
+pub fn random_f32_step(
+    gpu: &Gpu,
+    cfg: &Mamba3Config,
+    batch: usize,
+    len: usize,
+    seed: u64,
+) -> F32Step {
+    let w64 = random_weights(cfg, seed);
+    let mut s = F32Step::new(
+        gpu,
+        cfg,
+        &w64,
+        &AdamWConfig::default(),
+        &DecayPolicy::default(),
+        batch,
+        len,
+    )
+    .expect("step");
+    s.set_tokens(gpu, &random_tokens(cfg, batch, len, seed))
+        .expect("tokens");
+    s
 }
