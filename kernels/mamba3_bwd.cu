@@ -222,11 +222,11 @@ __device__ void scalar_bwd(const T* __restrict__ proj, const float* __restrict__
             dlam -= sp * dtv;
         }
         float x = (float)pr[d.off_a + h];
-        float ht = m3_heavy_tail(x);
+        float ht = m3_a_rate(d, x);
         float a = -fmaxf(ht, d.a_floor);
         float g = dadt[i];
         ddt = fmaf(g, a, ddt);
-        dr[d.off_a + h] = (T)(ht >= d.a_floor ? -(g * dtv) * m3_heavy_tail_grad(x) : 0.0f);
+        dr[d.off_a + h] = (T)(ht >= d.a_floor ? -(g * dtv) * m3_a_rate_grad(d, x) : 0.0f);
         for (unsigned s = 0; s < d.angles; ++s) {
             ddt = fmaf(rphi[i * d.angles + s], theta[row * d.angles + s], ddt);
         }

@@ -112,4 +112,13 @@ struct M3Dims {
     unsigned off_z, off_x, off_b, off_c, off_dt, off_a, off_trap, off_ang;
     unsigned chunk, nchunks;        // C, ceil(T/C)
     float eps, a_floor;
+    unsigned a_act;                 // f of A = -max(f(dd_A), A_floor): 0 heavy-tail, 1 softplus
 };
+
+// f(dd_A) and its derivative for the map d.a_act selects.
+__device__ __forceinline__ float m3_a_rate(const M3Dims& d, float x) {
+    return d.a_act ? m3_softplus(x) : m3_heavy_tail(x);
+}
+__device__ __forceinline__ float m3_a_rate_grad(const M3Dims& d, float x) {
+    return d.a_act ? m3_softplus_grad(x) : m3_heavy_tail_grad(x);
+}

@@ -72,7 +72,7 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
 
 // One block per row of the in_proj output: reciprocal RMS of every B and C
 // group (one warp per group), theta = pi tanh(angles), and per head
-// dt = softplus(dd_dt + dt_bias), adt = -max(heavy_tail(dd_A), A_floor) dt,
+// dt = softplus(dd_dt + dt_bias), adt = -max(f(dd_A), A_floor) dt (f: m3_a_rate),
 // lam = sigmoid(trap).
 template <typename T>
 __device__ void prep(const T* __restrict__ proj, const float* __restrict__ dt_bias, float* __restrict__ rstd_b,
@@ -102,7 +102,7 @@ __device__ void prep(const T* __restrict__ proj, const float* __restrict__ dt_bi
         for (unsigned h = threadIdx.x; h < d.nheads; h += SG_BLOCK) {
             unsigned long long rh = (unsigned long long)row * d.nheads + h;
             float dtv = m3_softplus((float)pr[d.off_dt + h] + dt_bias[h]);
-            float a = -fmaxf(m3_heavy_tail((float)pr[d.off_a + h]), d.a_floor);
+            float a = -fmaxf(m3_a_rate(d, (float)pr[d.off_a + h]), d.a_floor);
             dt[rh] = dtv;
             adt[rh] = a * dtv;
             lam[rh] = m3_sigmoid((float)pr[d.off_trap + h]);

@@ -12,7 +12,7 @@ use stepgraph::mamba3::checkpoint::{
     self, CheckpointError, config_from_json_str, config_to_json, write_tensors,
 };
 use stepgraph::mamba3::cpu::{ScanMode, Weights, forward, param_specs};
-use stepgraph::mamba3::{ConfigError, Mamba3Config, RopeFraction};
+use stepgraph::mamba3::{AActivation, ConfigError, Mamba3Config, RopeFraction};
 
 fn named(cfg: &Mamba3Config, w: &Weights<f64>) -> Vec<(String, Vec<usize>, Vec<f64>)> {
     w.named(cfg)
@@ -167,7 +167,18 @@ fn config_json_uses_official_fields() {
             && c.pad_vocab_size_multiple == 8
             && c.chunk_size == 64
             && c.a_floor == 1e-4
+            && c.a_activation == AActivation::HeavyTail
     );
+    // The official heavy-tail map writes no key (the official module has
+    // none); the paper's softplus writes one and reads back.
+    assert!(json["ssm_cfg"].get("A_activation").is_none());
+    let soft = Mamba3Config {
+        a_activation: AActivation::Softplus,
+        ..cfg
+    };
+    let sj = config_to_json(&soft).unwrap();
+    assert_eq!(sj["ssm_cfg"]["A_activation"], "softplus");
+    assert_eq!(config_from_json_str(&sj.to_string()).unwrap(), soft);
 }
 
 /// An edit applied to a valid `config.json` value.
@@ -176,7 +187,7 @@ type Edit = dyn Fn(&mut serde_json::Value);
 #[test]
 fn bad_config_json_names_the_field() {
     let base = config_to_json(&Mamba3Config::tiny()).unwrap();
-    let cases: [(&Edit, &str); 9] = [
+    let cases: [(&Edit, &str); 10] = [
         (&|v| v["bogus"] = 1.into(), "bogus"),
         (&|v| v["ssm_cfg"]["bogus"] = 1.into(), "ssm_cfg.bogus"),
         (
@@ -195,6 +206,10 @@ fn bad_config_json_names_the_field() {
             "ssm_cfg.is_mimo",
         ),
         (&|v| v["d_model"] = "wide".into(), "d_model"),
+        (
+            &|v| v["ssm_cfg"]["A_activation"] = "relu".into(),
+            "ssm_cfg.A_activation",
+        ),
     ];
     for (edit, field) in cases {
         let mut v = base.clone();

@@ -12,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use stepgraph::mamba3::cpu::{
     ModelState, ScanMode, Tokens, Weights, backward, forward, param_specs,
 };
-use stepgraph::mamba3::{Mamba3Config, RopeFraction};
+use stepgraph::mamba3::{AActivation, Mamba3Config, RopeFraction};
 
 /// Entries checked per tensor: its largest-gradient entry plus this many
 /// random ones among entries with a gradient of non-negligible size.
@@ -133,4 +133,14 @@ fn gradients_rope_half_two_groups_outproj_norm_short_chunks() {
     };
     let worst = check(&cfg, 3, 17, 37, true, ScanMode::Chunked);
     eprintln!("max relative error (rope 0.5, G 2, outproj norm, chunk 5, chunked): {worst:e}");
+}
+
+#[test]
+fn gradients_softplus_a() {
+    let cfg = Mamba3Config {
+        a_activation: AActivation::Softplus,
+        ..tiny(RopeFraction::Half, 1, false, true)
+    };
+    let worst = check(&cfg, 2, 40, 41, false, ScanMode::Recurrent);
+    eprintln!("max relative error (softplus A, rope 0.5, G 1): {worst:e}");
 }

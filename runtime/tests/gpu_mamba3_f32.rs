@@ -17,7 +17,7 @@ use stepgraph::device::{DeviceBuffer, Gpu};
 use stepgraph::graph::{GraphError, MovePolicy, Replayed, ShapeKey};
 use stepgraph::mamba3::cpu::{self, ScanMode, param_specs};
 use stepgraph::mamba3::gpu::{Acts, F32Step, Grads, Mamba3F32Graph, backward, forward, zero_grads};
-use stepgraph::mamba3::{Mamba3Config, RopeFraction};
+use stepgraph::mamba3::{AActivation, Mamba3Config, RopeFraction};
 use stepgraph::optim::gpu::{adamw_step, advance_schedule};
 use stepgraph::optim::{AdamW, AdamWConfig, DecayPolicy};
 
@@ -170,6 +170,11 @@ fn f32_loss_logits_and_gradients_match_the_f64_oracle() {
         ..base_cfg()
     };
     check_against_oracle(&gpu, "untied head", &untied, 2, 16, &mut table);
+    let softplus = Mamba3Config {
+        a_activation: AActivation::Softplus,
+        ..base_cfg()
+    };
+    check_against_oracle(&gpu, "softplus A", &softplus, 2, 16, &mut table);
     check_against_oracle(&gpu, "B3", &tiny, 3, 20, &mut table);
     check_against_oracle(&gpu, "T130", &tiny, 2, 130, &mut table);
     check_against_oracle(&gpu, "T1", &tiny, 2, 1, &mut table);

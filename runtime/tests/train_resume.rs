@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use stepgraph::mamba3::Mamba3Config;
 use stepgraph::mamba3::cpu::Weights;
+use stepgraph::mamba3::{AActivation, Mamba3Config};
 use stepgraph::optim::DecayPolicy;
 use stepgraph::train::checkpoint::{self, TrainState};
 use stepgraph::train::data::{DataSpec, Task};
@@ -30,6 +30,7 @@ fn options(run_dir: &Path, steps: u64) -> TrainOptions {
             expand: 2,
             full_rope: false,
             rotation: true,
+            a_activation: AActivation::HeavyTail,
         },
         device: Device::Cpu,
         precision: Precision::F32,

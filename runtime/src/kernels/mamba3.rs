@@ -12,7 +12,7 @@ use super::launch::{self, BLOCK, MAX_ELEMENTWISE_BLOCKS};
 use super::precision::Compute;
 use crate::device::error::During as _;
 use crate::device::{DeviceBuffer, Element, Gpu, GpuError, to_u32};
-use crate::mamba3::{InProjLayout, Mamba3Config};
+use crate::mamba3::{AActivation, InProjLayout, Mamba3Config};
 
 /// Shapes of one model at one (batch, seq_len): everything a kernel needs to
 /// index its buffers, in host `usize`s.
@@ -52,6 +52,8 @@ pub struct Mamba3Shape {
     pub eps: f32,
     /// `A_floor`.
     pub a_floor: f32,
+    /// The map of `A = -max(f(dd_A), A_floor)`.
+    pub a_activation: AActivation,
 }
 
 impl Mamba3Shape {
@@ -77,6 +79,7 @@ impl Mamba3Shape {
             // The kernels compute in f32; rounding the f64 settings once is intended.
             eps: f64_to_f32(cfg.norm_eps),
             a_floor: f64_to_f32(cfg.a_floor),
+            a_activation: cfg.a_activation,
         }
     }
 
@@ -106,6 +109,10 @@ impl Mamba3Shape {
             nchunks: to_u32("mamba3: chunks", self.nchunks)?,
             eps: self.eps,
             a_floor: self.a_floor,
+            a_act: match self.a_activation {
+                AActivation::HeavyTail => 0,
+                AActivation::Softplus => 1,
+            },
         })
     }
 
@@ -149,6 +156,7 @@ pub struct M3Dims {
     pub nchunks: u32,
     pub eps: f32,
     pub a_floor: f32,
+    pub a_act: u32,
 }
 
 // SAFETY: `#[repr(C)]` with only 4-byte `u32`/`f32` fields (no padding, no

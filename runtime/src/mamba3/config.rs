@@ -48,6 +48,41 @@ impl ConfigError {
     }
 }
 
+/// The map `f` from the `dd_A` projection to the decay rate, `A = -max(f(dd_A), A_floor)`.
+///
+/// The official code's head (since PR #962) uses the heavy-tail map; the
+/// paper and the first release used softplus. The two differ in how hard a
+/// rate near zero (a state kept over hundreds of tokens) is to learn:
+/// softplus reaches `A = 1e-3` at `dd_A = -6.9`, the heavy-tail map only at
+/// `dd_A = -999`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AActivation {
+    /// `1 + x` for `x >= 0`, `1 / (1 - x)` below (official default).
+    #[default]
+    HeavyTail,
+    /// `ln(1 + e^x)`, as in the Mamba-3 paper.
+    Softplus,
+}
+
+impl AActivation {
+    /// The name `config.json` and the CLI use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::HeavyTail => "heavy_tail",
+            Self::Softplus => "softplus",
+        }
+    }
+
+    /// Parses [`Self::name`]'s output.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "heavy_tail" => Some(Self::HeavyTail),
+            "softplus" => Some(Self::Softplus),
+            _ => None,
+        }
+    }
+}
+
 /// How many of the `d_state` dims are rotated: half (the default) or all.
 ///
 /// The official module asserts `rope_fraction in [0.5, 1.0]`, so only these two
@@ -116,8 +151,10 @@ pub struct Mamba3Config {
     pub dt_max: f64,
     /// Floor applied to the sampled `dt` before inverting softplus.
     pub dt_init_floor: f64,
-    /// `A = -max(heavy_tail(dd_A), A_floor)`.
+    /// `A = -max(f(dd_A), A_floor)`.
     pub a_floor: f64,
+    /// The `f` above: the official code's heavy-tail map or the paper's softplus.
+    pub a_activation: AActivation,
     /// Grouped RMSNorm (group = headdim) on y before the z gate.
     pub is_outproj_norm: bool,
     /// Chunk length of the chunked scan (official default 64).
@@ -149,6 +186,7 @@ impl Default for Mamba3Config {
             dt_max: 0.1,
             dt_init_floor: 1e-4,
             a_floor: 1e-4,
+            a_activation: AActivation::HeavyTail,
             is_outproj_norm: false,
             chunk_size: 64,
             norm_eps: 1e-5,

@@ -15,10 +15,15 @@
 //! Omitted fields take the official defaults. Fields that would describe a
 //! model this implementation does not have (an MLP, attention layers,
 //! LayerNorm, MIMO) are errors naming the field, as are unknown fields.
+//!
+//! One key is this crate's own: `ssm_cfg.A_activation` (`"softplus"`) is
+//! written only for a model that uses the paper's softplus decay map instead
+//! of the official heavy-tail one. The official module has no such argument
+//! and rejects the key, which is right: it would build a different model.
 
 use serde_json::{Map, Value, json};
 
-use super::config::{ConfigError, Mamba3Config, RopeFraction};
+use super::config::{AActivation, ConfigError, Mamba3Config, RopeFraction};
 
 /// The RMSNorm epsilon the official `MambaConfig` cannot change (no field).
 const OFFICIAL_NORM_EPS: f64 = 1e-5;
@@ -38,7 +43,7 @@ pub fn config_to_json(cfg: &Mamba3Config) -> Result<Value, ConfigError> {
             ),
         ));
     }
-    Ok(json!({
+    let mut out = json!({
         "d_model": cfg.d_model,
         "d_intermediate": 0,
         "n_layer": cfg.n_layer,
@@ -65,7 +70,11 @@ pub fn config_to_json(cfg: &Mamba3Config) -> Result<Value, ConfigError> {
         "fused_add_norm": cfg.fused_add_norm,
         "pad_vocab_size_multiple": cfg.pad_vocab_size_multiple,
         "tie_embeddings": cfg.tie_embeddings,
-    }))
+    });
+    if cfg.a_activation != AActivation::HeavyTail {
+        out["ssm_cfg"]["A_activation"] = json!(cfg.a_activation.name());
+    }
+    Ok(out)
 }
 
 /// Parses an official `config.json` text into a validated config.
@@ -180,6 +189,15 @@ fn parse_ssm_cfg(v: &Value, cfg: &mut Mamba3Config) -> Result<(), ConfigError> {
             "dt_max" => cfg.dt_max = number(v, f)?,
             "dt_init_floor" => cfg.dt_init_floor = number(v, f)?,
             "A_floor" => cfg.a_floor = number(v, f)?,
+            "A_activation" => {
+                cfg.a_activation =
+                    v.as_str().and_then(AActivation::from_name).ok_or_else(|| {
+                        ConfigError::invalid(
+                            f,
+                            format!("must be \"heavy_tail\" or \"softplus\", got {v}"),
+                        )
+                    })?;
+            }
             "is_outproj_norm" => cfg.is_outproj_norm = flag(v, f)?,
             "is_mimo" => {
                 if flag(v, f)? {

@@ -21,7 +21,7 @@ use super::report::{self, EvalResult, MetricsLog, Progress, ProgressMode};
 use super::schedule::LrSchedule;
 use crate::device::Gpu;
 use crate::mamba3::cpu::Weights;
-use crate::mamba3::{Mamba3Config, RopeFraction};
+use crate::mamba3::{AActivation, Mamba3Config, RopeFraction};
 use crate::optim::{AdamWConfig, DecayPolicy};
 
 /// `--device`.
@@ -73,6 +73,8 @@ pub struct ModelSize {
     /// every `in_proj` start at zero and never train, so no state rotates
     /// (the paper's "w/o RoPE" row of Table 5b).
     pub rotation: bool,
+    /// The decay map of `A` (`--a-activation`).
+    pub a_activation: AActivation,
 }
 
 /// Everything `stepgraph train` was asked to do.
@@ -284,6 +286,7 @@ fn model_config(size: ModelSize, vocab: usize) -> Result<Mamba3Config, TrainErro
         } else {
             RopeFraction::Half
         },
+        a_activation: size.a_activation,
         ..Mamba3Config::default()
     };
     cfg.validate()?;
@@ -519,7 +522,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, Train
         .map(|s| s.numel())
         .sum();
     progress.line(&format!(
-        "stepgraph train: {} {} on {}; model d_model {} n_layer {} d_state {} headdim {} ({params} params); {}",
+        "stepgraph train: {} {} on {}; model d_model {} n_layer {} d_state {} headdim {}{}{} ({params} params); {}",
         info.name,
         info.precision,
         info.device,
@@ -527,6 +530,8 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, Train
         cfg.n_layer,
         cfg.d_state,
         cfg.headdim,
+        if cfg.rope_fraction == RopeFraction::Full { " full-rope" } else { "" },
+        if cfg.a_activation == AActivation::Softplus { " softplus-A" } else { "" },
         data.describe()
     ));
     progress.line(&format!(

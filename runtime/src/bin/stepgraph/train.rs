@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use stepgraph::mamba3::AActivation;
 use stepgraph::optim::DecayPolicy;
 use stepgraph::train::data::{DataFormat, DataSpec, Task};
 use stepgraph::train::report::{ProgressMode, clock, human};
@@ -71,6 +72,9 @@ pub struct Args {
     /// Ablation: no state rotation (the angle projections stay zero).
     #[arg(long)]
     no_rotation: bool,
+    /// Decay map f of A = -max(f(dd_A), A_floor): the official heavy-tail, or the paper's softplus.
+    #[arg(long, value_enum, default_value_t = AActArg::HeavyTail)]
+    a_activation: AActArg,
     /// Where the step runs: auto is the GPU when one can be opened, else the CPU (with a notice).
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
@@ -154,6 +158,12 @@ enum DeviceArg {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
+enum AActArg {
+    HeavyTail,
+    Softplus,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
 enum PrecisionArg {
     F32,
     Bf16,
@@ -228,6 +238,10 @@ fn options(a: &Args) -> TrainOptions {
             expand: a.expand,
             full_rope: a.full_rope,
             rotation: !a.no_rotation,
+            a_activation: match a.a_activation {
+                AActArg::HeavyTail => AActivation::HeavyTail,
+                AActArg::Softplus => AActivation::Softplus,
+            },
         },
         device: match a.device {
             DeviceArg::Auto => Device::Auto,

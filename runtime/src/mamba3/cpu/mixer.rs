@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! proj = u W_in^T = [z, x, B, C, dd_dt, dd_A, trap, angles]
-//! dt   = softplus(dd_dt + dt_bias)     A = -max(heavy_tail(dd_A), A_floor)     lam = sigmoid(trap)
+//! dt   = softplus(dd_dt + dt_bias)     A = -max(f(dd_A), A_floor), f heavy-tail or softplus     lam = sigmoid(trap)
 //! B̂    = RMSNorm_N(B_g) w_B + B_bias[h]    Ĉ = RMSNorm_N(C_g) w_C + C_bias[h]
 //! phi_t = (phi_{t-1} + dt_t * pi tanh(angles_t)) mod 2 pi           (per head, per angle)
 //! k = Rot(phi) B̂   q = Rot(phi) Ĉ                  (interleaved pairs, first 2S dims)
@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use super::chunked::{ChunkedHead, chunked_forward_unchecked};
 use super::float::Float;
-use super::ops::{dot, heavy_tail, matmul_nt, rstd, sigmoid, silu, softplus};
+use super::ops::{a_rate, dot, matmul_nt, rstd, sigmoid, silu, softplus};
 use super::scan::{HeadCarry, HeadInputs, recurrent_forward_unchecked};
 use super::state::LayerState;
 use super::weights::LayerWeights;
@@ -220,7 +220,7 @@ pub(crate) fn mixer_forward<T: Float>(
             for h in 0..nh {
                 let hi = (b * nh + h) * len + t;
                 let dt = softplus(row[l.dd_dt + h] + w.dt_bias[h]);
-                let a = -heavy_tail(row[l.dd_a + h]).max(a_floor);
+                let a = -a_rate(cfg.a_activation, row[l.dd_a + h]).0.max(a_floor);
                 tape.dt[hi] = dt;
                 tape.adt[hi] = a * dt;
                 tape.lam[hi] = sigmoid(row[l.trap + h]);

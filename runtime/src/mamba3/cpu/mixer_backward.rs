@@ -13,8 +13,7 @@ use super::chunked_backward::chunked_backward_unchecked;
 use super::float::Float;
 use super::mixer::{MixerTape, head_carry};
 use super::ops::{
-    axpy, heavy_tail, heavy_tail_grad, matmul_nn, matmul_tn_acc, rmsnorm_row_backward, silu,
-    silu_grad, softplus_grad,
+    a_rate, axpy, matmul_nn, matmul_tn_acc, rmsnorm_row_backward, silu, silu_grad, softplus_grad,
 };
 use super::scan::{HeadGrads, recurrent_backward_unchecked};
 use super::weights::LayerWeights;
@@ -156,16 +155,16 @@ pub(crate) fn mixer_backward<T: Float>(
                     ddt += rs[s] * theta[s];
                     dtheta[i * ns + s] += rs[s] * dt;
                 }
-                // adt = A dt,  A = -max(heavy_tail(dd_A), A_floor)
+                // adt = A dt,  A = -max(f(dd_A), A_floor)
                 let row = &tape.proj[i * e..(i + 1) * e];
-                let ht = heavy_tail(row[l.dd_a + h]);
+                let (ht, ht_grad) = a_rate(cfg.a_activation, row[l.dd_a + h]);
                 let a = -ht.max(a_floor);
                 let dadt = gr.dadt[t];
                 ddt += dadt * a;
                 let da = dadt * dt;
                 // torch's clamp passes the gradient where the bound is not exceeded
                 if ht >= a_floor {
-                    dproj[i * e + l.dd_a + h] = -da * heavy_tail_grad(row[l.dd_a + h]);
+                    dproj[i * e + l.dd_a + h] = -da * ht_grad;
                 }
                 let dpre = ddt * softplus_grad(row[l.dd_dt + h] + w.dt_bias[h]);
                 dproj[i * e + l.dd_dt + h] = dpre;

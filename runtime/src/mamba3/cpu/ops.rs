@@ -8,6 +8,7 @@
 use rayon::prelude::*;
 
 use super::float::Float;
+use crate::mamba3::config::AActivation;
 
 /// Rows per rayon task: below this much work per task the split costs more
 /// than it saves.
@@ -214,6 +215,14 @@ pub fn softplus_grad<T: Float>(x: T) -> T {
         T::ONE
     } else {
         sigmoid(x)
+    }
+}
+
+/// `f(dd_A)` of `A = -max(f(dd_A), A_floor)` and its derivative.
+pub fn a_rate<T: Float>(act: AActivation, x: T) -> (T, T) {
+    match act {
+        AActivation::HeavyTail => (heavy_tail(x), heavy_tail_grad(x)),
+        AActivation::Softplus => (softplus(x), softplus_grad(x)),
     }
 }
 
