@@ -163,35 +163,47 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     rot_bwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, dt, lam, dqkdot, dq, dk, dphi, d);
 }
 
-// One warp per (b, h, angle): the reverse cumsum over t of dphi, in place
-// (phi_t sums dt_r theta_r over r <= t, so d(dt_t theta_t) = sum_{u >= t}
-// dphi_u), 32 steps at a time from the end with a shuffle suffix sum, in
-// double.
-extern "C" __global__ void __launch_bounds__(SG_BLOCK) m3_angle_bwd_f32(float* __restrict__ dphi, M3Dims d) {
-    const unsigned lane = threadIdx.x % 32;
-    const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
-    const unsigned long long total = (unsigned long long)d.batch * d.nheads * d.angles;
-    for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32; w < total;
-         w += warps) {
-        unsigned s = (unsigned)(w % d.angles);
-        unsigned h = (unsigned)((w / d.angles) % d.nheads);
-        unsigned b = (unsigned)(w / ((unsigned long long)d.angles * d.nheads));
-        double carry = 0.0;
-        for (unsigned blk = (d.len + 31) / 32; blk-- > 0;) {
-            unsigned t = blk * 32 + lane;
-            unsigned long long e = (((unsigned long long)b * d.len + t) * d.nheads + h) * d.angles + s;
-            double v = t < d.len ? (double)dphi[e] : 0.0;
-            for (int o = 1; o < 32; o <<= 1) {
-                double down = __shfl_down_sync(0xffffffffu, v, o);
-                if (lane + o < 32) {
-                    v += down;
-                }
+// The reverse cumsum over t of dphi, in place (phi_t sums dt_r theta_r over
+// r <= t, so d(dt_t theta_t) = sum_{u >= t} dphi_u), in double. Same
+// schedule as m3_angle_fwd_f32: lane = angle, warp = time segment, segment
+// totals combined last segment first in a fixed order, then each warp walks
+// its segment backwards from its carry. A thread reads each of its elements
+// before it overwrites it, and no other thread touches them.
+extern "C" __global__ void __launch_bounds__(M3_ANGLE_THREADS) m3_angle_bwd_f32(float* __restrict__ dphi, M3Dims d) {
+    __shared__ double tot[M3_ANGLE_SEGS][32];
+    const unsigned lane = threadIdx.x % 32, seg = threadIdx.x / 32;
+    const unsigned stiles = (d.angles + 31) / 32;
+    const unsigned long long units = (unsigned long long)d.batch * d.nheads * stiles;
+    const unsigned per = (d.len + M3_ANGLE_SEGS - 1) / M3_ANGLE_SEGS;
+    const unsigned t0 = min(seg * per, d.len), t1 = min(t0 + per, d.len);
+    for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
+        const unsigned s = (unsigned)(u % stiles) * 32 + lane;
+        const unsigned long long bh = u / stiles;
+        const unsigned h = (unsigned)(bh % d.nheads);
+        const unsigned long long row0 = (bh / d.nheads) * d.len;
+        const bool live = s < d.angles;
+        double acc = 0.0;
+        if (live) {
+#pragma unroll 8
+            for (unsigned t = t0; t < t1; ++t) {
+                acc += (double)dphi[((row0 + t) * d.nheads + h) * d.angles + s];
             }
-            if (t < d.len) {
-                dphi[e] = (float)(carry + v);
-            }
-            carry += __shfl_sync(0xffffffffu, v, 0);
         }
+        tot[seg][lane] = acc;
+        __syncthreads();
+        double carry = 0.0;
+        for (unsigned w = M3_ANGLE_SEGS; w-- > seg + 1;) {
+            carry += tot[w][lane];
+        }
+        if (live) {
+            for (unsigned t = t1; t-- > t0;) {
+                const unsigned long long e = ((row0 + t) * d.nheads + h) * d.angles + s;
+                carry += (double)dphi[e];
+                dphi[e] = (float)carry;
+            }
+        }
+        // The next unit rewrites tot.
+        __syncthreads();
     }
 }
 

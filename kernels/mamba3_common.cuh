@@ -115,6 +115,12 @@ struct M3Dims {
     unsigned a_act;                 // f of A = -max(f(dd_A), A_floor): 0 heavy-tail, 1 softplus
 };
 
+// Threads of the angle cumsum kernels (m3_angle_fwd_f32, m3_angle_bwd_f32):
+// 32 time segments of 32 angle lanes. The Rust wrapper launches the same
+// count (kernels/mamba3.rs, ANGLE_THREADS).
+#define M3_ANGLE_THREADS 1024
+#define M3_ANGLE_SEGS (M3_ANGLE_THREADS / 32)
+
 // f(dd_A) and its derivative for the map d.a_act selects.
 __device__ __forceinline__ float m3_a_rate(const M3Dims& d, float x) {
     return d.a_act ? m3_softplus(x) : m3_heavy_tail(x);

@@ -117,41 +117,55 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     prep<float>(proj, dt_bias, rstd_b, rstd_c, theta, dt, adt, lam, d);
 }
 
-// One warp per (b, h, angle): phi_t = (sum_{r <= t} dt_r theta_r) mod 2 pi,
-// 32 steps at a time with a shuffle prefix sum (fixed order, so
-// deterministic). Sums run in double: an f32 running sum drifts by ~T ulps
-// of 2 pi, which the rotation turns into error in every score. Reducing the
-// total mod 2 pi once equals the recurrence's per-step wrap.
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+// phi_t = (sum_{r <= t} dt_r theta_r) mod 2 pi. A block takes one (b, h) and
+// up to 32 angles: lane = angle (coalesced reads of theta and writes of phi,
+// whose angle index is innermost), warp = one of M3_ANGLE_SEGS consecutive
+// time segments. Each warp sums its segment, the segment totals are combined
+// in a fixed order through shared memory, and each warp walks its segment
+// again from its carry, so the serial chain is T / 32 steps instead of T.
+// Sums run in double: an f32 running sum drifts by ~T ulps of 2 pi, which
+// the rotation turns into error in every score. Reducing the sum mod 2 pi
+// on output equals the recurrence's per-step wrap.
+extern "C" __global__ void __launch_bounds__(M3_ANGLE_THREADS)
     m3_angle_fwd_f32(const float* __restrict__ dt, const float* __restrict__ theta, float* __restrict__ phi,
                      M3Dims d) {
     const double two_pi = 6.283185307179586476925;
-    const unsigned lane = threadIdx.x % 32;
-    const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
-    const unsigned long long total = (unsigned long long)d.batch * d.nheads * d.angles;
-    for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32; w < total;
-         w += warps) {
-        unsigned s = (unsigned)(w % d.angles);
-        unsigned h = (unsigned)((w / d.angles) % d.nheads);
-        unsigned b = (unsigned)(w / ((unsigned long long)d.angles * d.nheads));
-        double carry = 0.0;
-        for (unsigned t0 = 0; t0 < d.len; t0 += 32) {
-            unsigned t = t0 + lane;
-            unsigned long long row = (unsigned long long)b * d.len + t;
-            double v = t < d.len ? (double)dt[row * d.nheads + h] * (double)theta[row * d.angles + s] : 0.0;
-            for (int o = 1; o < 32; o <<= 1) {
-                double up = __shfl_up_sync(0xffffffffu, v, o);
-                if ((int)lane >= o) {
-                    v += up;
-                }
+    __shared__ double tot[M3_ANGLE_SEGS][32];
+    const unsigned lane = threadIdx.x % 32, seg = threadIdx.x / 32;
+    const unsigned stiles = (d.angles + 31) / 32;
+    const unsigned long long units = (unsigned long long)d.batch * d.nheads * stiles;
+    const unsigned per = (d.len + M3_ANGLE_SEGS - 1) / M3_ANGLE_SEGS;
+    const unsigned t0 = min(seg * per, d.len), t1 = min(t0 + per, d.len);
+    for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
+        const unsigned s = (unsigned)(u % stiles) * 32 + lane;
+        const unsigned long long bh = u / stiles;
+        const unsigned h = (unsigned)(bh % d.nheads);
+        const unsigned long long row0 = (bh / d.nheads) * d.len;
+        const bool live = s < d.angles;
+        double acc = 0.0;
+        if (live) {
+#pragma unroll 8
+            for (unsigned t = t0; t < t1; ++t) {
+                const unsigned long long row = row0 + t;
+                acc += (double)dt[row * d.nheads + h] * (double)theta[row * d.angles + s];
             }
-            if (t < d.len) {
-                double tot = carry + v;
-                phi[(row * d.nheads + h) * d.angles + s] = (float)(tot - two_pi * floor(tot / two_pi));
-            }
-            carry += __shfl_sync(0xffffffffu, v, 31);
-            carry -= two_pi * floor(carry / two_pi);
         }
+        tot[seg][lane] = acc;
+        __syncthreads();
+        double carry = 0.0;
+        for (unsigned w = 0; w < seg; ++w) {
+            carry += tot[w][lane];
+        }
+        carry -= two_pi * floor(carry / two_pi);
+        if (live) {
+            for (unsigned t = t0; t < t1; ++t) {
+                const unsigned long long row = row0 + t;
+                carry += (double)dt[row * d.nheads + h] * (double)theta[row * d.angles + s];
+                phi[(row * d.nheads + h) * d.angles + s] = (float)(carry - two_pi * floor(carry / two_pi));
+            }
+        }
+        // The next unit rewrites tot.
+        __syncthreads();
     }
 }
 

@@ -196,6 +196,24 @@ pub(crate) fn warp_blocks(items: usize) -> Result<LaunchConfig, GpuError> {
     ))
 }
 
+/// Threads of the angle cumsum kernels; must equal `M3_ANGLE_THREADS` in
+/// `kernels/mamba3_common.cuh` (a unit test checks).
+pub const ANGLE_THREADS: u32 = 1024;
+
+/// The angle cumsum launch: one block per (batch row, head, 32 angles),
+/// grid-strided past [`MAX_ELEMENTWISE_BLOCKS`].
+pub(crate) fn angle_blocks(sh: &Mamba3Shape) -> Result<LaunchConfig, GpuError> {
+    let bh = crate::device::checked_elems("mamba3: batch x heads", sh.batch, sh.nheads)?;
+    let units =
+        crate::device::checked_elems("mamba3: angle cumsum blocks", bh, sh.angles.div_ceil(32))?;
+    let n = to_u32("mamba3: angle cumsum blocks", units)?;
+    Ok(LaunchConfig {
+        grid_dim: (n.clamp(1, MAX_ELEMENTWISE_BLOCKS), 1, 1),
+        block_dim: (ANGLE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
 /// One thread per item.
 pub(crate) fn thread_blocks(items: usize) -> Result<LaunchConfig, GpuError> {
     let n = to_u32("mamba3: items", items)?;
@@ -338,9 +356,9 @@ pub fn angle_fwd(
         .arg(phi.slice_mut()?)
         .arg(&d);
     // SAFETY: reads dt[rows x H], theta[rows x S], writes phi[rows x H x S];
-    // all three lengths checked.
-    unsafe { b.launch(warp_blocks(sh.batch * sh.nheads * sh.angles)?) }
-        .during("launch m3_angle_fwd_f32")?;
+    // all three lengths checked, and the block size is the kernel's
+    // M3_ANGLE_THREADS (its static shared tile is sized by it).
+    unsafe { b.launch(angle_blocks(sh)?) }.during("launch m3_angle_fwd_f32")?;
     Ok(())
 }
 

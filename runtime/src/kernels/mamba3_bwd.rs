@@ -7,8 +7,8 @@ use cudarc::driver::{LaunchConfig, PushKernelArg as _};
 
 use super::launch::{self, BLOCK};
 use super::mamba3::{
-    BcParams, Mamba3Shape, ScanScalars, check_scan_inputs, need, row_blocks, scan_bwd_smem,
-    scan_launch, thread_blocks, warp_blocks,
+    BcParams, Mamba3Shape, ScanScalars, angle_blocks, check_scan_inputs, need, row_blocks,
+    scan_bwd_smem, scan_launch, thread_blocks, warp_blocks,
 };
 use crate::device::error::During as _;
 use crate::device::{DeviceBuffer, Gpu, GpuError, to_u32};
@@ -311,10 +311,10 @@ pub fn angle_bwd(
     let f = gpu.kernel("m3_angle_bwd_f32")?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(dphi.slice_mut()?).arg(&d);
-    // SAFETY: one warp per (b, h, s) walks its column of dphi
-    // [rows x H x S], whose length was checked.
-    unsafe { b.launch(warp_blocks(sh.batch * sh.nheads * sh.angles)?) }
-        .during("launch m3_angle_bwd_f32")?;
+    // SAFETY: each thread walks one time segment of one (b, h, s) column of
+    // dphi [rows x H x S], whose length was checked; the block size is the
+    // kernel's M3_ANGLE_THREADS.
+    unsafe { b.launch(angle_blocks(sh)?) }.during("launch m3_angle_bwd_f32")?;
     Ok(())
 }
 

@@ -210,4 +210,20 @@ mod tests {
             "SG_BLOCK != launch::BLOCK"
         );
     }
+
+    #[test]
+    fn angle_block_size_matches_the_header() {
+        let hdr = HEADERS
+            .iter()
+            .find(|h| h.file == "mamba3_common.cuh")
+            .map(|h| h.src)
+            .unwrap_or_default();
+        assert!(
+            hdr.contains(&format!(
+                "#define M3_ANGLE_THREADS {}",
+                super::mamba3::ANGLE_THREADS
+            )),
+            "M3_ANGLE_THREADS != mamba3::ANGLE_THREADS"
+        );
+    }
 }
