@@ -106,7 +106,7 @@ pub fn first_step(cfg: &BenchConfig, vocab: usize) -> Result<FirstStep, BenchErr
     let loss = step.loss(&gpu)?;
     let first_step_ms = ms_since(t2);
     if !loss.is_finite() {
-        return Err(BenchError::ColdStart(format!("first step loss is {loss}")));
+        return Err(BenchError::FirstStepLoss(loss));
     }
 
     let t3 = Instant::now();
@@ -136,20 +136,25 @@ fn child(exe: &Path, cache: &Path, config: &str) -> Result<ChildRun, BenchError>
         .args(["bench", "--first-step", "--config", config])
         .env(CACHE_ENV, cache)
         .output()
-        .map_err(|e| BenchError::ColdStart(format!("cannot run {}: {e}", exe.display())))?;
+        .map_err(|source| BenchError::Spawn {
+            exe: exe.to_owned(),
+            source,
+        })?;
     let wall_ms = ms_since(t);
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(BenchError::ColdStart(format!(
-            "child exited with {}: {}",
-            out.status,
-            err.lines().last().unwrap_or("")
-        )));
+        return Err(BenchError::Child {
+            status: out.status,
+            last: err.lines().last().unwrap_or("").to_owned(),
+        });
     }
     let line = stdout.lines().rfind(|l| l.starts_with('{')).unwrap_or("");
-    let phases: FirstStep = serde_json::from_str(line)
-        .map_err(|e| BenchError::ColdStart(format!("unreadable child report ({e}): {line}")))?;
+    let phases: FirstStep =
+        serde_json::from_str(line).map_err(|source| BenchError::ChildReport {
+            line: line.to_owned(),
+            source,
+        })?;
     Ok(ChildRun { wall_ms, phases })
 }
 
@@ -157,11 +162,17 @@ fn child(exe: &Path, cache: &Path, config: &str) -> Result<ChildRun, BenchError>
 fn fresh_cache_dir() -> Result<PathBuf, BenchError> {
     let dir = std::env::temp_dir().join(format!("stepgraph-cold-start-{}", std::process::id()));
     if dir.exists() {
-        std::fs::remove_dir_all(&dir)
-            .map_err(|e| BenchError::ColdStart(format!("cannot clear {}: {e}", dir.display())))?;
+        std::fs::remove_dir_all(&dir).map_err(|source| BenchError::Io {
+            action: "clear",
+            path: dir.clone(),
+            source,
+        })?;
     }
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| BenchError::ColdStart(format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
+        action: "create",
+        path: dir.clone(),
+        source,
+    })?;
     Ok(dir)
 }
 
@@ -169,14 +180,14 @@ fn fresh_cache_dir() -> Result<PathBuf, BenchError> {
 /// cache, then with the one it filled. The cache is removed afterwards.
 pub fn cold_start(exe: &Path, config: &str) -> Result<ColdStart, BenchError> {
     let dir = fresh_cache_dir()?;
-    let cold = child(exe, &dir, config);
-    let warm = cold.as_ref().ok().map(|_| child(exe, &dir, config));
+    let runs = child(exe, &dir, config).and_then(|cold| Ok((cold, child(exe, &dir, config)?)));
     // Best effort: a leftover temp directory is harmless.
     let _ = std::fs::remove_dir_all(&dir);
+    let (cold, warm) = runs?;
     Ok(ColdStart {
         config: config.to_owned(),
-        cold: cold?,
-        warm: warm.unwrap_or_else(|| Err(BenchError::ColdStart("no cold run".to_owned())))?,
+        cold,
+        warm,
     })
 }
 

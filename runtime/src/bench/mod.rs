@@ -32,6 +32,8 @@ pub use config::{BenchConfig, DEFAULT_VOCAB, PRESETS};
 pub use flops::{StepFlops, step_flops};
 pub use report::{BenchReport, ConfigOutcome, ConfigReport};
 
+use std::path::PathBuf;
+
 use thiserror::Error;
 
 use crate::device::{Gpu, GpuError};
@@ -58,12 +60,63 @@ pub enum BenchError {
     /// Capture or replay failed.
     #[error(transparent)]
     Graph(#[from] GraphError),
-    /// The cold-start child process failed or printed something unreadable.
-    #[error("cold start: {0}")]
-    ColdStart(String),
-    /// A bench option is out of range.
+    /// The cold start needs this executable's path to start children.
+    #[error("cold start: cannot find this executable: {0}")]
+    CurrentExe(#[source] std::io::Error),
+    /// The cold-start child process could not be started.
+    #[error("cold start: cannot run {}: {source}", exe.display())]
+    Spawn {
+        /// The executable.
+        exe: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The cold-start child process failed; `last` is its last stderr line.
+    #[error("cold start: child exited with {status}: {last}")]
+    Child {
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// Its last line on stderr.
+        last: String,
+    },
+    /// The cold-start child printed no readable report.
+    #[error("cold start: unreadable child report ({source}): {line}")]
+    ChildReport {
+        /// The line that should have been the JSON report.
+        line: String,
+        /// Why it does not parse.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The first step of a fresh process gave a non-finite loss.
+    #[error("cold start: first step loss is {0}")]
+    FirstStepLoss(f32),
+    /// A file or directory the bench writes could not be.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done (`write`, `create`, `clear`).
+        action: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The report could not be serialized.
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A bench option is out of range or missing.
     #[error("{0}")]
-    Option(String),
+    Option(&'static str),
+    /// A configuration failed while the others ran (its error is in the report).
+    #[error("config {name} failed: {error}")]
+    ConfigFailed {
+        /// The configuration.
+        name: String,
+        /// Its error, as reported.
+        error: String,
+    },
 }
 
 /// Compute precision of the benchmarked step.
@@ -136,7 +189,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     let bench = runner_for(opts.precision)?;
     if opts.steps == 0 || opts.configs.is_empty() {
         return Err(BenchError::Option(
-            "need at least one config and --steps >= 1".to_owned(),
+            "need at least one config and --steps >= 1",
         ));
     }
     let gpu = Gpu::new(0)?;

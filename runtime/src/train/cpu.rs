@@ -218,12 +218,11 @@ impl TrainEngine for CpuEngine {
 
     fn load_batch(&mut self, batch: &Batch) -> Result<(), EngineError> {
         if batch.rows == 0 || batch.width < 2 || batch.tokens.len() != batch.rows * batch.width {
-            return Err(EngineError::Batch(format!(
-                "{} ids do not form [{}, {}] with at least 2 columns",
-                batch.tokens.len(),
-                batch.rows,
-                batch.width
-            )));
+            return Err(EngineError::BatchShape {
+                ids: batch.tokens.len(),
+                rows: batch.rows,
+                width: batch.width,
+            });
         }
         self.staged = Some(batch.clone());
         Ok(())
@@ -242,9 +241,7 @@ impl TrainEngine for CpuEngine {
             .collect::<Result<_, _>>()?;
         let total: usize = parts.iter().map(|p| p.scored).sum();
         if total == 0 {
-            return Err(EngineError::Batch(
-                "no scored prediction in the batch".into(),
-            ));
+            return Err(EngineError::NothingScored);
         }
         let mut grads = Weights::<f32>::zeros(&self.cfg);
         let mut loss_sum = 0.0;
@@ -350,21 +347,19 @@ impl TrainEngine for CpuEngine {
         check_weights(&self.cfg, &state.weights)?;
         let specs = param_specs(&self.cfg);
         if state.moments.len() != specs.len() {
-            return Err(EngineError::State(format!(
-                "{} moment tensors for {} parameters",
-                state.moments.len(),
-                specs.len()
-            )));
+            return Err(EngineError::MomentCount {
+                got: state.moments.len(),
+                want: specs.len(),
+            });
         }
         for (spec, (m, v)) in specs.iter().zip(&state.moments) {
             if m.len() != spec.numel() || v.len() != spec.numel() {
-                return Err(EngineError::State(format!(
-                    "moments of `{}` have {} / {} values, expected {}",
-                    spec.name,
-                    m.len(),
-                    v.len(),
-                    spec.numel()
-                )));
+                return Err(EngineError::MomentLength {
+                    tensor: spec.name.clone(),
+                    m: m.len(),
+                    v: v.len(),
+                    want: spec.numel(),
+                });
             }
         }
         self.weights = state.weights;

@@ -65,12 +65,70 @@ pub enum EngineError {
     /// `step` was called before any `load_batch`, or `metrics` before `step`.
     #[error("engine used out of order: {0}")]
     Order(&'static str),
-    /// A batch whose shape or ids the engine cannot take.
-    #[error("batch rejected: {0}")]
-    Batch(String),
-    /// Imported state that does not fit the model.
-    #[error("state does not fit the model: {0}")]
-    State(String),
+    /// A batch that does not form `[rows, width]` with `width >= 2`.
+    #[error("batch rejected: {ids} ids do not form [{rows}, {width}] with at least 2 columns")]
+    BatchShape {
+        /// Token ids given.
+        ids: usize,
+        /// Rows claimed.
+        rows: usize,
+        /// Width claimed.
+        width: usize,
+    },
+    /// A batch of another shape than the captured step's.
+    #[error(
+        "batch rejected: {ids} ids as [{rows}, {width}]; the captured step takes [{want_rows}, {want_width}]"
+    )]
+    BatchMismatch {
+        /// Token ids given.
+        ids: usize,
+        /// Rows given.
+        rows: usize,
+        /// Width given.
+        width: usize,
+        /// Rows captured.
+        want_rows: usize,
+        /// Width captured.
+        want_width: usize,
+    },
+    /// A token id the embedding has no row for.
+    #[error("batch rejected: token {index} has id {id}, beyond the vocabulary ({vocab})")]
+    TokenOutOfVocab {
+        /// Position in the flattened batch.
+        index: usize,
+        /// The id.
+        id: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// A batch in which no prediction is scored (the loss would be 0/0).
+    #[error("batch rejected: no scored prediction in the batch")]
+    NothingScored,
+    /// Imported moments for another number of parameters.
+    #[error("state does not fit the model: {got} moment tensors for {want} parameters")]
+    MomentCount {
+        /// Moment pairs given.
+        got: usize,
+        /// Parameters of the model.
+        want: usize,
+    },
+    /// Imported moments of one tensor with the wrong length.
+    #[error(
+        "state does not fit the model: moments of `{tensor}` have {m} / {v} values, expected {want}"
+    )]
+    MomentLength {
+        /// The parameter.
+        tensor: String,
+        /// First-moment values given.
+        m: usize,
+        /// Second-moment values given.
+        v: usize,
+        /// Values of the parameter.
+        want: usize,
+    },
+    /// An AdamW step count the device counter (i32) cannot hold.
+    #[error("state does not fit the model: {0} AdamW steps overflow i32")]
+    AdamStepsOverflow(u64),
     /// A GPU call, kernel launch or buffer operation failed.
     #[error("GPU: {0}")]
     Gpu(#[from] crate::mamba3::gpu::Mamba3GpuError),

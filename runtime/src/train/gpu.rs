@@ -277,9 +277,11 @@ impl<S: GraphStep> GpuEngine<S> {
     ) -> Result<Self, EngineError> {
         check_weights(&cfg, weights)?;
         if rows == 0 || width < 2 {
-            return Err(EngineError::Batch(format!(
-                "a [{rows}, {width}] training batch has no predictions"
-            )));
+            return Err(EngineError::BatchShape {
+                ids: rows.saturating_mul(width),
+                rows,
+                width,
+            });
         }
         let len = width - 1;
         let mut step = S::build(
@@ -383,10 +385,10 @@ impl<S: GraphStep> GpuEngine<S> {
             *o = i32::try_from(t)
                 .ok()
                 .filter(|&v| usize::try_from(v).is_ok_and(|v| v < vocab))
-                .ok_or_else(|| {
-                    EngineError::Batch(format!(
-                        "token {i} has id {t}, beyond the vocabulary ({vocab})"
-                    ))
+                .ok_or_else(|| EngineError::TokenOutOfVocab {
+                    index: i,
+                    id: t,
+                    vocab,
                 })?;
         }
         Ok(())
@@ -468,18 +470,17 @@ impl<S: GraphStep> TrainEngine for GpuEngine<S> {
         if (batch.rows, batch.width) != (self.rows, self.width)
             || batch.tokens.len() != batch.rows * batch.width
         {
-            return Err(EngineError::Batch(format!(
-                "{} ids as [{}, {}]; the captured step takes [{}, {}]",
-                batch.tokens.len(),
-                batch.rows,
-                batch.width,
-                self.rows,
-                self.width
-            )));
+            return Err(EngineError::BatchMismatch {
+                ids: batch.tokens.len(),
+                rows: batch.rows,
+                width: batch.width,
+                want_rows: self.rows,
+                want_width: self.width,
+            });
         }
         let preds = self.rows * (self.width - 1);
-        let weights = loss_weights_for(preds, |i| batch.scored(i))
-            .ok_or_else(|| EngineError::Batch("no scored prediction in the batch".into()))?;
+        let weights =
+            loss_weights_for(preds, |i| batch.scored(i)).ok_or(EngineError::NothingScored)?;
         let k = self.next_slot;
         let mut ids = vec![0i32; batch.tokens.len()];
         self.check_ids(batch, &mut ids)?;
@@ -564,26 +565,23 @@ impl<S: GraphStep> TrainEngine for GpuEngine<S> {
         check_weights(&self.cfg, &state.weights)?;
         let specs = param_specs(&self.cfg);
         if state.moments.len() != specs.len() {
-            return Err(EngineError::State(format!(
-                "{} moment tensors for {} parameters",
-                state.moments.len(),
-                specs.len()
-            )));
+            return Err(EngineError::MomentCount {
+                got: state.moments.len(),
+                want: specs.len(),
+            });
         }
         for (spec, (m, v)) in specs.iter().zip(&state.moments) {
             if m.len() != spec.numel() || v.len() != spec.numel() {
-                return Err(EngineError::State(format!(
-                    "moments of `{}` have {} / {} values, expected {}",
-                    spec.name,
-                    m.len(),
-                    v.len(),
-                    spec.numel()
-                )));
+                return Err(EngineError::MomentLength {
+                    tensor: spec.name.clone(),
+                    m: m.len(),
+                    v: v.len(),
+                    want: spec.numel(),
+                });
             }
         }
-        let adam_steps = i32::try_from(state.adam_steps).map_err(|_| {
-            EngineError::State(format!("{} AdamW steps overflow i32", state.adam_steps))
-        })?;
+        let adam_steps = i32::try_from(state.adam_steps)
+            .map_err(|_| EngineError::AdamStepsOverflow(state.adam_steps))?;
         let gpu = &self.gpu;
         // Into the existing allocations: the captured pointers stay valid.
         for (dst, src) in self

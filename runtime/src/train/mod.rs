@@ -42,9 +42,18 @@ pub enum TrainError {
         /// What is wrong.
         reason: String,
     },
-    /// The device asked for has no engine here.
-    #[error("{0}")]
-    NoEngine(String),
+    /// `--device cuda`, and no GPU could be opened.
+    #[error("--device cuda: no usable GPU ({}); use --device cpu", run::one_line(&.source.to_string()))]
+    NoGpu {
+        /// Why the GPU could not be opened.
+        #[source]
+        source: crate::device::GpuError,
+    },
+    /// `--precision bf16` on the CPU engine.
+    #[error(
+        "--precision bf16 needs a GPU engine; the CPU engine trains in f32 (use --precision f32)"
+    )]
+    Bf16NeedsGpu,
     /// The data file cannot be read.
     #[error("cannot read data file {}: {source}", path.display())]
     DataRead {

@@ -174,12 +174,7 @@ pub fn resolve_device(device: Device, precision: Precision) -> Result<Resolved, 
         Device::Cpu => Resolved::Cpu(None),
         Device::Cuda => match Gpu::new(0) {
             Ok(gpu) => Resolved::Cuda(Box::new(gpu)),
-            Err(e) => {
-                return Err(TrainError::NoEngine(format!(
-                    "--device cuda: no usable GPU ({}); use --device cpu",
-                    one_line(&e.to_string())
-                )));
-            }
+            Err(source) => return Err(TrainError::NoGpu { source }),
         },
         Device::Auto => match Gpu::new(0) {
             Ok(gpu) => Resolved::Cuda(Box::new(gpu)),
@@ -190,16 +185,14 @@ pub fn resolve_device(device: Device, precision: Precision) -> Result<Resolved, 
         },
     };
     match (&resolved, precision) {
-        (Resolved::Cpu(_), Precision::Bf16) => Err(TrainError::NoEngine(
-            "--precision bf16 needs a GPU engine; the CPU engine trains in f32 (use --precision f32)"
-                .into(),
-        )),
+        (Resolved::Cpu(_), Precision::Bf16) => Err(TrainError::Bf16NeedsGpu),
         _ => Ok(resolved),
     }
 }
 
 /// The first line of a message, for one-line notices and errors.
-fn one_line(s: &str) -> &str {
+/// The first line of an error message, for one-line reports.
+pub(crate) fn one_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
 }
 

@@ -69,7 +69,7 @@ pub fn run(args: &Args) -> ExitCode {
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Result<String, BenchError> {
-    serde_json::to_string_pretty(v).map_err(|e| BenchError::Option(format!("JSON: {e}")))
+    Ok(serde_json::to_string_pretty(v)?)
 }
 
 fn run_inner(args: &Args) -> Result<(), BenchError> {
@@ -83,17 +83,13 @@ fn run_inner(args: &Args) -> Result<(), BenchError> {
     if args.first_step {
         let cfg = configs
             .first()
-            .ok_or_else(|| BenchError::Option("--first-step needs a --config".to_owned()))?;
+            .ok_or(BenchError::Option("--first-step needs a --config"))?;
         let r = bench::cold::first_step(cfg, args.vocab)?;
-        println!(
-            "{}",
-            serde_json::to_string(&r).map_err(|e| BenchError::Option(e.to_string()))?
-        );
+        println!("{}", serde_json::to_string(&r)?);
         return Ok(());
     }
     if args.cold_start {
-        let exe = std::env::current_exe()
-            .map_err(|e| BenchError::ColdStart(format!("cannot find this executable: {e}")))?;
+        let exe = std::env::current_exe().map_err(BenchError::CurrentExe)?;
         let mut runs = Vec::new();
         for cfg in &configs {
             let r = bench::cold::cold_start(&exe, &cfg.name)?;
@@ -123,10 +119,10 @@ fn run_inner(args: &Args) -> Result<(), BenchError> {
     emit(args, &json(&report)?)?;
     match report.failures().first() {
         None => Ok(()),
-        Some(f) => Err(BenchError::Option(format!(
-            "config {} failed: {}",
-            f.name, f.error
-        ))),
+        Some(f) => Err(BenchError::ConfigFailed {
+            name: f.name.clone(),
+            error: f.error.clone(),
+        }),
     }
 }
 
@@ -136,8 +132,11 @@ fn emit(args: &Args, text: &str) -> Result<(), BenchError> {
         println!("{text}");
     }
     if let Some(path) = &args.json_out {
-        std::fs::write(path, format!("{text}\n"))
-            .map_err(|e| BenchError::Option(format!("cannot write {}: {e}", path.display())))?;
+        std::fs::write(path, format!("{text}\n")).map_err(|source| BenchError::Io {
+            action: "write",
+            path: path.clone(),
+            source,
+        })?;
     }
     Ok(())
 }
