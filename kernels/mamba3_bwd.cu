@@ -171,17 +171,13 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
 // before it overwrites it, and no other thread touches them.
 extern "C" __global__ void __launch_bounds__(M3_ANGLE_THREADS) m3_angle_bwd_f32(float* __restrict__ dphi, M3Dims d) {
     __shared__ double tot[M3_ANGLE_SEGS][32];
-    const unsigned lane = threadIdx.x % 32, seg = threadIdx.x / 32;
-    const unsigned stiles = (d.angles + 31) / 32;
-    const unsigned long long units = (unsigned long long)d.batch * d.nheads * stiles;
-    const unsigned per = (d.len + M3_ANGLE_SEGS - 1) / M3_ANGLE_SEGS;
-    const unsigned t0 = min(seg * per, d.len), t1 = min(t0 + per, d.len);
-    for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
-        const unsigned s = (unsigned)(u % stiles) * 32 + lane;
-        const unsigned long long bh = u / stiles;
-        const unsigned h = (unsigned)(bh % d.nheads);
-        const unsigned long long row0 = (bh / d.nheads) * d.len;
-        const bool live = s < d.angles;
+    const M3AngleSched k = m3_angle_sched(d);
+    const unsigned lane = k.lane, seg = k.seg, t0 = k.t0, t1 = k.t1;
+    for (unsigned long long u = blockIdx.x; u < k.units; u += gridDim.x) {
+        const M3AngleUnit a = m3_angle_unit(d, k, u);
+        const unsigned s = a.s, h = a.h;
+        const unsigned long long row0 = a.row0;
+        const bool live = a.live;
         double acc = 0.0;
         if (live) {
 #pragma unroll 8

@@ -121,6 +121,44 @@ struct M3Dims {
 #define M3_ANGLE_THREADS 1024
 #define M3_ANGLE_SEGS (M3_ANGLE_THREADS / 32)
 
+// This thread's place in an angle kernel: its lane (angle within a tile of
+// 32), its time segment [t0, t1), and the number of (b, h, angle tile)
+// units the grid strides over.
+struct M3AngleSched {
+    unsigned lane, seg, stiles, t0, t1;
+    unsigned long long units;
+};
+
+__device__ __forceinline__ M3AngleSched m3_angle_sched(const M3Dims& d) {
+    M3AngleSched k;
+    k.lane = threadIdx.x % 32;
+    k.seg = threadIdx.x / 32;
+    k.stiles = (d.angles + 31) / 32;
+    k.units = (unsigned long long)d.batch * d.nheads * k.stiles;
+    const unsigned per = (d.len + M3_ANGLE_SEGS - 1) / M3_ANGLE_SEGS;
+    k.t0 = min(k.seg * per, d.len);
+    k.t1 = min(k.t0 + per, d.len);
+    return k;
+}
+
+// Unit u's angle for this lane (live when below S), head and first row.
+struct M3AngleUnit {
+    unsigned s, h;
+    unsigned long long row0;
+    bool live;
+};
+
+__device__ __forceinline__ M3AngleUnit m3_angle_unit(const M3Dims& d, const M3AngleSched& k,
+                                                     unsigned long long u) {
+    M3AngleUnit a;
+    a.s = (unsigned)(u % k.stiles) * 32 + k.lane;
+    const unsigned long long bh = u / k.stiles;
+    a.h = (unsigned)(bh % d.nheads);
+    a.row0 = (bh / d.nheads) * d.len;
+    a.live = a.s < d.angles;
+    return a;
+}
+
 // f(dd_A) and its derivative for the map d.a_act selects.
 __device__ __forceinline__ float m3_a_rate(const M3Dims& d, float x) {
     return d.a_act ? m3_softplus(x) : m3_heavy_tail(x);

@@ -198,28 +198,23 @@ mod tests {
         assert_eq!(names.len(), total);
     }
 
-    #[test]
-    fn block_size_matches_the_header() {
-        let hdr = HEADERS
+    /// The source of header `file` (empty when there is none).
+    fn header(file: &str) -> &'static str {
+        HEADERS
             .iter()
-            .find(|h| h.file == "common.cuh")
+            .find(|h| h.file == file)
             .map(|h| h.src)
-            .unwrap_or_default();
-        assert!(
-            hdr.contains(&format!("#define SG_BLOCK {}", launch::BLOCK)),
-            "SG_BLOCK != launch::BLOCK"
-        );
+            .unwrap_or_default()
     }
 
     #[test]
-    fn angle_block_size_matches_the_header() {
-        let hdr = HEADERS
-            .iter()
-            .find(|h| h.file == "mamba3_common.cuh")
-            .map(|h| h.src)
-            .unwrap_or_default();
+    fn block_sizes_match_the_headers() {
         assert!(
-            hdr.contains(&format!(
+            header("common.cuh").contains(&format!("#define SG_BLOCK {}", launch::BLOCK)),
+            "SG_BLOCK != launch::BLOCK"
+        );
+        assert!(
+            header("mamba3_common.cuh").contains(&format!(
                 "#define M3_ANGLE_THREADS {}",
                 super::mamba3::ANGLE_THREADS
             )),

@@ -344,24 +344,7 @@ impl TrainEngine for CpuEngine {
     }
 
     fn import_state(&mut self, state: EngineState) -> Result<(), EngineError> {
-        check_weights(&self.cfg, &state.weights)?;
-        let specs = param_specs(&self.cfg);
-        if state.moments.len() != specs.len() {
-            return Err(EngineError::MomentCount {
-                got: state.moments.len(),
-                want: specs.len(),
-            });
-        }
-        for (spec, (m, v)) in specs.iter().zip(&state.moments) {
-            if m.len() != spec.numel() || v.len() != spec.numel() {
-                return Err(EngineError::MomentLength {
-                    tensor: spec.name.clone(),
-                    m: m.len(),
-                    v: v.len(),
-                    want: spec.numel(),
-                });
-            }
-        }
+        state.check(&self.cfg)?;
         self.weights = state.weights;
         self.moments = state.moments;
         self.adam_steps = state.adam_steps;

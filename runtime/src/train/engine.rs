@@ -226,6 +226,32 @@ pub struct EngineState {
     pub skipped: u64,
 }
 
+impl EngineState {
+    /// Fails unless the weights and every moment pair fit `cfg`: what both
+    /// engines check before importing a checkpoint.
+    pub fn check(&self, cfg: &Mamba3Config) -> Result<(), EngineError> {
+        crate::mamba3::cpu::check_weights(cfg, &self.weights)?;
+        let specs = crate::mamba3::cpu::param_specs(cfg);
+        if self.moments.len() != specs.len() {
+            return Err(EngineError::MomentCount {
+                got: self.moments.len(),
+                want: specs.len(),
+            });
+        }
+        for (spec, (m, v)) in specs.iter().zip(&self.moments) {
+            if m.len() != spec.numel() || v.len() != spec.numel() {
+                return Err(EngineError::MomentLength {
+                    tensor: spec.name.clone(),
+                    m: m.len(),
+                    v: v.len(),
+                    want: spec.numel(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One training step, implemented by the CPU reference and the GPU graphs.
 ///
 /// The loop calls, per step: `load_batch(next)` (may overlap the running

@@ -32,7 +32,7 @@ use crate::device::{DeviceBuffer, Gpu, PinnedBuffer};
 use crate::graph::{GraphError, ShapeKey};
 use crate::kernels::train as kt;
 use crate::mamba3::Mamba3Config;
-use crate::mamba3::cpu::{Weights, check_weights, param_specs};
+use crate::mamba3::cpu::{Weights, check_weights};
 use crate::mamba3::gpu::{
     Acts, Bf16Step, F32Step, Mamba3Bf16Graph, Mamba3F32Graph, Mamba3GpuError, MixedActs, forward,
     forward_mixed, sync_master_to_compute,
@@ -562,24 +562,7 @@ impl<S: GraphStep> TrainEngine for GpuEngine<S> {
     }
 
     fn import_state(&mut self, state: EngineState) -> Result<(), EngineError> {
-        check_weights(&self.cfg, &state.weights)?;
-        let specs = param_specs(&self.cfg);
-        if state.moments.len() != specs.len() {
-            return Err(EngineError::MomentCount {
-                got: state.moments.len(),
-                want: specs.len(),
-            });
-        }
-        for (spec, (m, v)) in specs.iter().zip(&state.moments) {
-            if m.len() != spec.numel() || v.len() != spec.numel() {
-                return Err(EngineError::MomentLength {
-                    tensor: spec.name.clone(),
-                    m: m.len(),
-                    v: v.len(),
-                    want: spec.numel(),
-                });
-            }
-        }
+        state.check(&self.cfg)?;
         let adam_steps = i32::try_from(state.adam_steps)
             .map_err(|_| EngineError::AdamStepsOverflow(state.adam_steps))?;
         let gpu = &self.gpu;
