@@ -65,7 +65,12 @@ fn parity(n: usize, rows: usize, seed: u64) -> (Vec<Batch>, usize) {
     };
     let mut data = Dataset::new(&spec, seed, rows).expect("dataset");
     let width = data.train_width();
-    ((0..n).map(|_| data.next_batch(rows)).collect(), width)
+    (
+        (0..n)
+            .map(|_| data.next_batch(rows).expect("batch"))
+            .collect(),
+        width,
+    )
 }
 
 /// A fresh context, holding the binary's GPU lock.

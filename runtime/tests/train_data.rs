@@ -115,7 +115,11 @@ fn datasets_are_deterministic_from_the_seed() {
         let mut a = Dataset::new(&spec, 7, 4).unwrap();
         let mut b = Dataset::new(&spec, 7, 4).unwrap();
         let mut c = Dataset::new(&spec, 8, 4).unwrap();
-        let (ba, bb, bc) = (a.next_batch(16), b.next_batch(16), c.next_batch(16));
+        let (ba, bb, bc) = (
+            a.next_batch(16).unwrap(),
+            b.next_batch(16).unwrap(),
+            c.next_batch(16).unwrap(),
+        );
         assert_eq!(ba, bb, "{task:?}");
         assert_ne!(ba, bc, "{task:?}: another seed, other data");
         assert_eq!(a.eval_sets()[1].batches, b.eval_sets()[1].batches);
@@ -134,7 +138,7 @@ fn train_and_eval_splits_are_disjoint() {
     assert!(eval.iter().all(|t| is_eval_instance(t)));
     let mut seen = 0;
     for _ in 0..40 {
-        let b = data.next_batch(64);
+        let b = data.next_batch(64).unwrap();
         for row in b.tokens.chunks(b.width) {
             // Training rows of other sizes are padded; compare the unpadded instance.
             let inst: Vec<u32> = row.iter().copied().filter(|&t| t != 3).collect();
@@ -160,7 +164,7 @@ fn training_stays_within_train_len_and_eval_goes_beyond() {
     assert_eq!(data.train_width(), Task::Modarith.width(6));
     let mut sizes = HashSet::new();
     for _ in 0..20 {
-        let b = data.next_batch(16);
+        let b = data.next_batch(16).unwrap();
         assert_eq!(b.width, data.train_width(), "one training shape");
         for (r, row) in b.tokens.chunks(b.width).enumerate() {
             let eq = row.iter().position(|&t| t == 8).unwrap();
@@ -187,13 +191,13 @@ fn a_restored_position_draws_the_same_batches() {
     let spec = task_spec(Task::Mqar, 6, vec![6]);
     let mut a = Dataset::new(&spec, 11, 4).unwrap();
     for _ in 0..3 {
-        a.next_batch(8);
+        a.next_batch(8).unwrap();
     }
     let pos = a.position();
     assert_eq!(pos.batches, 3);
     let mut b = Dataset::new(&spec, 11, 4).unwrap();
     b.restore(pos);
-    assert_eq!(a.next_batch(8), b.next_batch(8));
+    assert_eq!(a.next_batch(8).unwrap(), b.next_batch(8).unwrap());
 }
 
 fn file_spec(
@@ -221,7 +225,7 @@ fn byte_files_train_on_the_head_and_evaluate_on_the_tail() {
     std::fs::write(&path, &text).unwrap();
     let mut data = Dataset::new(&file_spec(&path, DataFormat::Bytes, None, 7), 0, 4).unwrap();
     assert_eq!(data.vocab_size(), 256);
-    let b = data.next_batch(5);
+    let b = data.next_batch(5).unwrap();
     assert_eq!((b.rows, b.width), (5, 8));
     assert!(b.mask.is_none());
     for row in b.tokens.chunks(8) {
@@ -295,4 +299,85 @@ fn u16_and_u32_files_are_little_endian_and_checked_against_the_vocab() {
         err.to_string().starts_with("cannot read data file"),
         "{err}"
     );
+}
+
+/// A u16 file of `n` ids where id `i` is `i % 1000`.
+fn counting_u16(path: &std::path::Path, n: usize) -> Vec<u16> {
+    let ids: Vec<u16> = (0..n).map(|i| u16::try_from(i % 1000).unwrap()).collect();
+    std::fs::write(
+        path,
+        ids.iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    ids
+}
+
+#[test]
+fn large_files_are_checked_in_chunks_and_read_by_window() {
+    // 1.5M ids = 3 MB: the id check runs over several scan chunks and the
+    // windows come from positional reads anywhere in the file.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.u16");
+    let n = 1_500_000;
+    let ids = counting_u16(&path, n);
+    let mut data = Dataset::new(&file_spec(&path, DataFormat::U16, Some(1000), 31), 5, 4).unwrap();
+    for _ in 0..20 {
+        let b = data.next_batch(8).unwrap();
+        for row in b.tokens.chunks(32) {
+            // Consecutive ids (mod 1000): a contiguous window of the file.
+            for w in row.windows(2) {
+                assert_eq!((w[0] + 1) % 1000, w[1]);
+            }
+        }
+    }
+    let held = &data.eval_sets()[0].batches[0];
+    let split = n - n / 4;
+    let want: Vec<u32> = ids[split..split + 32]
+        .iter()
+        .map(|&v| u32::from(v))
+        .collect();
+    assert_eq!(
+        &held.tokens[..32],
+        want.as_slice(),
+        "eval starts at the held-out tail"
+    );
+
+    // One id out of range near the end, past the first scan chunk.
+    let mut bad = ids.clone();
+    bad[1_400_003] = 1000;
+    std::fs::write(
+        &path,
+        bad.iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let err = Dataset::new(&file_spec(&path, DataFormat::U16, Some(1000), 31), 5, 4)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            err,
+            TrainError::TokenOutOfRange {
+                index: 1_400_003,
+                token: 1000,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_file_truncated_under_a_run_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.u16");
+    counting_u16(&path, 4000);
+    let mut data = Dataset::new(&file_spec(&path, DataFormat::U16, Some(1000), 63), 0, 4).unwrap();
+    data.next_batch(4).unwrap();
+    std::fs::write(&path, [0u8; 10]).unwrap();
+    let err = data.next_batch(64).err().unwrap();
+    assert!(matches!(err, TrainError::DataRead { .. }), "{err}");
 }

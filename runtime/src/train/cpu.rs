@@ -424,7 +424,10 @@ mod tests {
             eval_lens: vec![],
             curriculum: 0,
         };
-        Dataset::new(&spec, 0, rows).unwrap().next_batch(rows)
+        Dataset::new(&spec, 0, rows)
+            .unwrap()
+            .next_batch(rows)
+            .unwrap()
     }
 
     #[test]

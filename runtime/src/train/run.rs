@@ -573,7 +573,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, Train
     let mut interrupted = false;
     let mut skipped = resumed.as_ref().map_or(0, |r| r.3.skipped);
     if step < opts.steps {
-        let first_batch = data.next_batch(opts.batch);
+        let first_batch = data.next_batch(opts.batch)?;
         engine.load_batch(&first_batch)?;
     }
     while step < opts.steps {
@@ -582,7 +582,7 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, Train
         // checkpoint position is the one before drawing it.
         let pos = data.position();
         if step + 1 < opts.steps {
-            let next = data.next_batch(opts.batch);
+            let next = data.next_batch(opts.batch)?;
             engine.load_batch(&next)?;
         }
         let m = engine.metrics()?;

@@ -1,18 +1,23 @@
 //! Real data from a file (`--data FILE`): UTF-8 text read as bytes (vocab
 //! 256), or a flat little-endian `u16` / `u32` token file.
 //!
-//! The file is read whole with `std::fs::read` rather than memory-mapped:
-//! every token has to be checked against the vocabulary once anyway (so every
-//! page is touched), the files this CPU trainer meets are small, and a plain
-//! read needs no `unsafe`. A file above [`MAX_FILE_BYTES`] is refused with a
-//! clear error instead of exhausting memory; memory-mapping belongs here once
-//! GPU runs train on corpora of that size.
+//! The file is never held in memory. Opening it streams it once, in
+//! fixed-size chunks, to check every id against the vocabulary. Each batch
+//! then reads its windows with positional reads (`pread`). Like a memory
+//! map, this keeps memory use independent of the corpus size and leaves
+//! caching to the OS page cache. Unlike one, it needs no `unsafe`, and a
+//! file truncated under a running job is an I/O error instead of a SIGBUS.
+//! Compared with reading the whole file and widening every id to `u32`, it
+//! saves four bytes of memory per token (sixteen for byte-level text).
 //!
 //! The last `eval_fraction` of the tokens is held out: training draws random
 //! windows of `seq_len + 1` tokens from the rest, evaluation reads fixed,
 //! non-overlapping windows of the held-out part.
 
+use std::fs::File;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rand::Rng;
 use rand_chacha::ChaCha20Rng;
@@ -21,8 +26,8 @@ use serde::{Deserialize, Serialize};
 use super::Batch;
 use crate::train::TrainError;
 
-/// Largest data file read into memory (4 GiB).
-pub const MAX_FILE_BYTES: u64 = 4 << 30;
+/// Bytes read at a time while checking the ids (a multiple of every width).
+const SCAN_CHUNK: usize = 1 << 20;
 
 /// How a data file encodes tokens (`--data-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,12 +51,25 @@ impl DataFormat {
         }
     }
 
-    fn width(self) -> usize {
+    fn width_u8(self) -> u8 {
         match self {
             Self::Bytes => 1,
             Self::U16 => 2,
             Self::U32 => 4,
         }
+    }
+
+    fn width(self) -> usize {
+        usize::from(self.width_u8())
+    }
+
+    /// Decodes whole tokens from `bytes` (a multiple of the width).
+    fn decode(self, bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+        bytes.chunks_exact(self.width()).map(move |c| match self {
+            Self::Bytes => u32::from(c[0]),
+            Self::U16 => u32::from(u16::from_le_bytes([c[0], c[1]])),
+            Self::U32 => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+        })
     }
 }
 
@@ -59,7 +77,9 @@ impl DataFormat {
 #[derive(Debug, Clone)]
 pub struct FileData {
     path: PathBuf,
-    tokens: Vec<u32>,
+    file: Arc<File>,
+    format: DataFormat,
+    ntokens: usize,
     vocab_size: usize,
     split: usize,
 }
@@ -78,36 +98,20 @@ impl FileData {
             path: path.to_path_buf(),
             source,
         };
-        let len = std::fs::metadata(path).map_err(io)?.len();
-        if len > MAX_FILE_BYTES {
-            return Err(TrainError::DataInvalid {
-                path: path.to_path_buf(),
-                reason: format!("{len} bytes is above the {MAX_FILE_BYTES}-byte limit"),
-            });
-        }
-        let bytes = std::fs::read(path).map_err(io)?;
+        let mut file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
         let width = format.width();
-        if bytes.len() % width != 0 {
-            return Err(TrainError::DataInvalid {
+        let w64 = u64::from(format.width_u8());
+        let ntokens = usize::try_from(len / w64)
+            .ok()
+            .filter(|_| len % w64 == 0)
+            .ok_or_else(|| TrainError::DataInvalid {
                 path: path.to_path_buf(),
                 reason: format!(
-                    "{} bytes is not a whole number of {} tokens ({width} bytes each)",
-                    bytes.len(),
+                    "{len} bytes is not a whole number of {} tokens ({width} bytes each)",
                     format.name()
                 ),
-            });
-        }
-        let tokens: Vec<u32> = match format {
-            DataFormat::Bytes => bytes.iter().map(|&b| u32::from(b)).collect(),
-            DataFormat::U16 => bytes
-                .chunks_exact(2)
-                .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])))
-                .collect(),
-            DataFormat::U32 => bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-        };
+            })?;
         let vocab_size = match (format, vocab_size) {
             (DataFormat::Bytes, None) => 256,
             (_, Some(v)) => v,
@@ -118,34 +122,43 @@ impl FileData {
                 });
             }
         };
-        for (i, &t) in tokens.iter().enumerate() {
-            if usize::try_from(t).map_or(true, |t| t >= vocab_size) {
-                return Err(TrainError::TokenOutOfRange {
-                    path: path.to_path_buf(),
-                    index: i,
-                    token: t,
-                    vocab_size,
-                });
+        // One pass in fixed chunks: every id is checked, none is kept.
+        let mut chunk = vec![0u8; SCAN_CHUNK];
+        let mut index = 0usize;
+        while index < ntokens {
+            let take = (ntokens - index).min(SCAN_CHUNK / width) * width;
+            file.read_exact(&mut chunk[..take]).map_err(io)?;
+            for (i, t) in format.decode(&chunk[..take]).enumerate() {
+                if usize::try_from(t).map_or(true, |t| t >= vocab_size) {
+                    return Err(TrainError::TokenOutOfRange {
+                        path: path.to_path_buf(),
+                        index: index + i,
+                        token: t,
+                        vocab_size,
+                    });
+                }
             }
+            index += take / width;
         }
         // eval_fraction is checked to lie in [0, 1), so `held` is in [0, len].
-        let held = round_count(tokens.len() as f64 * eval_fraction).min(tokens.len());
-        let split = tokens.len() - held;
+        let held = round_count(ntokens as f64 * eval_fraction).min(ntokens);
+        let split = ntokens - held;
         for (part, have) in [("training part", split), ("held-out part", held)] {
             if have < window {
                 return Err(TrainError::DataInvalid {
                     path: path.to_path_buf(),
                     reason: format!(
-                        "{} tokens: its {part} has {have} tokens, fewer than one window of \
-                         seq_len + 1 = {window} (lower --seq-len or change --eval-fraction)",
-                        tokens.len()
+                        "{ntokens} tokens: its {part} has {have} tokens, fewer than one window of \
+                         seq_len + 1 = {window} (lower --seq-len or change --eval-fraction)"
                     ),
                 });
             }
         }
         Ok(Self {
             path: path.to_path_buf(),
-            tokens,
+            file: Arc::new(file),
+            format,
+            ntokens,
             vocab_size,
             split,
         })
@@ -163,39 +176,95 @@ impl FileData {
 
     /// Total tokens and how many of them train.
     pub fn sizes(&self) -> (usize, usize) {
-        (self.tokens.len(), self.split)
+        (self.ntokens, self.split)
     }
 
-    /// `rows` random training windows of `window` tokens.
-    pub fn train_batch(&self, rows: usize, window: usize, rng: &mut ChaCha20Rng) -> Batch {
+    /// Appends tokens `[start, start + count)` of the file to `out`.
+    fn read_tokens(
+        &self,
+        start: usize,
+        count: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TrainError> {
+        let width = self.format.width();
+        let mut bytes = vec![0u8; count * width];
+        let offset = u64::try_from(start * width).unwrap_or(u64::MAX);
+        read_at(&self.file, &mut bytes, offset).map_err(|source| TrainError::DataRead {
+            path: self.path.clone(),
+            source,
+        })?;
+        out.extend(self.format.decode(&bytes));
+        Ok(())
+    }
+
+    /// `rows` random training windows of `window` tokens. Fails only if
+    /// the file cannot be read any more (changed or removed under the run).
+    pub fn train_batch(
+        &self,
+        rows: usize,
+        window: usize,
+        rng: &mut ChaCha20Rng,
+    ) -> Result<Batch, TrainError> {
         let mut tokens = Vec::with_capacity(rows * window);
         let last_start = self.split - window;
         for _ in 0..rows {
             let s = rng.random_range(0..=last_start);
-            tokens.extend_from_slice(&self.tokens[s..s + window]);
+            self.read_tokens(s, window, &mut tokens)?;
         }
-        Batch {
+        Ok(Batch {
             rows,
             width: window,
             tokens,
             mask: None,
-        }
+        })
     }
 
     /// Non-overlapping held-out windows, at most `max_rows`, in batches of `rows`.
-    pub fn eval_batches(&self, rows: usize, window: usize, max_rows: usize) -> Vec<Batch> {
-        let held = &self.tokens[self.split..];
-        let windows: Vec<&[u32]> = held.chunks_exact(window).take(max_rows).collect();
-        windows
+    pub fn eval_batches(
+        &self,
+        rows: usize,
+        window: usize,
+        max_rows: usize,
+    ) -> Result<Vec<Batch>, TrainError> {
+        let count = ((self.ntokens - self.split) / window).min(max_rows);
+        let starts: Vec<usize> = (0..count).map(|k| self.split + k * window).collect();
+        starts
             .chunks(rows.max(1))
-            .map(|group| Batch {
-                rows: group.len(),
-                width: window,
-                tokens: group.concat(),
-                mask: None,
+            .map(|group| {
+                let mut tokens = Vec::with_capacity(group.len() * window);
+                for &s in group {
+                    self.read_tokens(s, window, &mut tokens)?;
+                }
+                Ok(Batch {
+                    rows: group.len(),
+                    width: window,
+                    tokens,
+                    mask: None,
+                })
             })
             .collect()
     }
+}
+
+/// Fills `buf` from `file` at byte `offset` without moving a shared cursor.
+#[cfg(unix)]
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+/// Fills `buf` from `file` at byte `offset` (`seek_read` may return short).
+#[cfg(windows)]
+fn read_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match std::os::windows::fs::FileExt::seek_read(file, buf, offset)? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => {
+                buf = &mut buf[n..];
+                offset += u64::try_from(n).unwrap_or(u64::MAX);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Rounds a non-negative float to a count without an `as` cast: through its

@@ -252,7 +252,7 @@ impl Dataset {
                 let eval = vec![EvalSet {
                     label: "held-out".into(),
                     length: None,
-                    batches: data.eval_batches(batch, window, FILE_EVAL_ROWS),
+                    batches: data.eval_batches(batch, window, FILE_EVAL_ROWS)?,
                 }];
                 (Source::File { data, window }, eval)
             }
@@ -327,8 +327,9 @@ impl Dataset {
         }
     }
 
-    /// The next training batch of `rows` rows.
-    pub fn next_batch(&mut self, rows: usize) -> Batch {
+    /// The next training batch of `rows` rows. Fails only when a data file
+    /// can no longer be read.
+    pub fn next_batch(&mut self, rows: usize) -> Result<Batch, TrainError> {
         self.batches += 1;
         match &self.source {
             Source::Task {
@@ -344,7 +345,7 @@ impl Dataset {
                         task.sample(n, false, &mut self.rng)
                     })
                     .collect();
-                Batch::from_examples(&examples, width, task.pad())
+                Ok(Batch::from_examples(&examples, width, task.pad()))
             }
             Source::File { data, window } => data.train_batch(rows, *window, &mut self.rng),
         }
