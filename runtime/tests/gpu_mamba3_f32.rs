@@ -71,17 +71,8 @@ fn check_against_oracle(
     let fwd = cpu::forward(cfg, &w64, &toks, None, ScanMode::Chunked).expect("oracle forward");
     let g64 = cpu::backward(cfg, &w64, &fwd);
 
-    let mut step = F32Step::new(
-        gpu,
-        cfg,
-        &w64,
-        &AdamWConfig::default(),
-        &DecayPolicy::default(),
-        batch,
-        len,
-    )
-    .expect("step");
-    step.set_tokens(gpu, &ids).expect("tokens");
+    // The same weights and tokens, drawn from the same seed.
+    let mut step = random_f32_step(gpu, cfg, batch, len, seed);
     // Poison the outputs first: nothing may pass by leaving old values.
     for g in step.grads.params.tensors_mut() {
         stepgraph::kernels::fill(gpu, g, f32::NAN).expect("poison");

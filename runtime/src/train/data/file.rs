@@ -17,7 +17,6 @@
 use std::fs::File;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use rand::Rng;
 use rand_chacha::ChaCha20Rng;
@@ -74,10 +73,10 @@ impl DataFormat {
 }
 
 /// A token file split into a training and a held-out part.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct FileData {
     path: PathBuf,
-    file: Arc<File>,
+    file: File,
     format: DataFormat,
     ntokens: usize,
     vocab_size: usize,
@@ -156,7 +155,7 @@ impl FileData {
         }
         Ok(Self {
             path: path.to_path_buf(),
-            file: Arc::new(file),
+            file,
             format,
             ntokens,
             vocab_size,
