@@ -11,26 +11,46 @@
 //
 // so a (batch row, head) is spread over nchunks blocks instead of walking
 // them in one, and only the P x N state recurrence (one FMA per element and
-// chunk) stays serial. The products inside a chunk (scores, scores x values,
-// state x queries, ...) run as bf16 mma.sync with f32 accumulation, as the
-// official kernel's tl.dot does; operands are staged in shared memory as f32
-// and rounded when a fragment is built, so the scalar parts (decays, the
-// diagonal D + gamma term, every reduction, the state recurrence) stay f32.
+// chunk) stays serial.
 //
-// Shapes: C, N and P must be multiples of 16 (the wrapper falls back to the
-// scalar scan otherwise). Shared tiles of width W are stored with row stride
-// W + 8 floats, which keeps the row-major fragment reads of a quarter-warp
-// on distinct banks. Every sum runs in a fixed order: results are
-// bit-identical run to run.
+// Tensor-core discipline. Every product operand is staged once into shared
+// memory as bf16 (rounded from the f32 value the math asks for: keys are
+// scaled by scale_s before rounding, chunk-state rows by their decay
+// weight), in row-major tiles padded by M3C_PAD elements (16 bytes) per
+// row, so the eight 16-byte rows an ldmatrix phase reads fall on distinct
+// banks. Fragments come from `ldmatrix` (`.trans` where the product wants
+// the stored tile transposed) and feed `mma.sync.m16n8k16` bf16 with f32
+// accumulation. The f32 parts of the math (decays, the diagonal D + gamma
+// term, row dots that drive the decay gradients, every reduction and the
+// state recurrence) read their operands in f32 from global memory, where
+// the block's own staging left them in L2.
+//
+// Work is split into warp jobs: an output tile of 16 rows x up to 32
+// columns (two m16n8 pairs). Partial sums that several jobs contribute to
+// are kept per job in shared memory and added in a fixed order at the end,
+// so results are bit-identical run to run.
+//
+// Shapes: C and P in {16, 32, 48, 64}, N a multiple of 16 (the wrapper
+// checks, and falls back to the scalar scan otherwise).
 #include "mamba3_common.cuh"
 
-// Threads of the per-chunk kernels (16 warps); the Rust wrapper launches the
+// Threads of the per-chunk kernels (8 warps); the Rust wrapper launches the
 // same count (kernels/mamba3_chunk.rs, CHUNK_THREADS).
-#define M3C_THREADS 512
+#define M3C_THREADS 256
 #define M3C_WARPS (M3C_THREADS / 32)
 // Threads of the state walk (one per state element).
 #define M3C_PASS_THREADS 256
+// Row padding of every bf16 shared tile, in elements.
 #define M3C_PAD 8
+// Output columns of one warp job.
+#define M3C_JOB_COLS 32
+// Largest chunk (C) and head width (P): C / 16 score tiles and P / 8
+// accumulators per row block must stay in registers.
+#define M3C_MAX_TILE 64
+// Loads in flight per thread while staging.
+#define M3C_STAGE_UNROLL 8
+
+typedef unsigned short m3c_bf;
 
 // Two floats rounded to a bf16 pair, `lo` in the low half (the lower column
 // or row index of a fragment register).
@@ -49,47 +69,64 @@ __device__ __forceinline__ void m3c_mma(float* acc, const unsigned* a, const uns
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// One warp's 16 x 16 output tile at (m0, n0), two m16n8 accumulators:
-// acc[j][*] covers columns n0 + 8j + [0, 8). Element r of acc[j] sits at
-// row m0 + g + 8 (r / 2), column n0 + 8j + 2 t + r % 2, with g = lane / 4
-// and t = lane % 4 (the mma.sync accumulator layout).
-struct M3cTile {
-    float acc[2][4];
+__device__ __forceinline__ void m3c_ldsm(unsigned* r, const m3c_bf* p) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+__device__ __forceinline__ void m3c_ldsm_t(unsigned* r, const m3c_bf* p) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+// The A fragment (rows m0..m0+16, k0..k0+16) of a matrix stored [m][k].
+__device__ __forceinline__ void m3c_frag_a_mk(unsigned* a, const m3c_bf* t, unsigned ld, unsigned m0, unsigned k0) {
+    const unsigned l = threadIdx.x % 32;
+    m3c_ldsm(a, t + (m0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + k0 + (l >> 4) * 8);
+}
+
+// The A fragment of a matrix whose transpose is stored ([k][m]).
+__device__ __forceinline__ void m3c_frag_a_km(unsigned* a, const m3c_bf* t, unsigned ld, unsigned m0, unsigned k0) {
+    const unsigned l = threadIdx.x % 32;
+    m3c_ldsm_t(a, t + (k0 + (l & 7) + (l >> 4) * 8) * ld + m0 + ((l >> 3) & 1) * 8);
+}
+
+// B fragments of two n8 tiles (columns n0.. and n0+8..; k0..k0+16) of a
+// matrix stored transposed, [n][k]: b[0..1] is tile n0, b[2..3] tile n0+8.
+__device__ __forceinline__ void m3c_frag_b_nk(unsigned* b, const m3c_bf* t, unsigned ld, unsigned n0, unsigned k0) {
+    const unsigned l = threadIdx.x % 32;
+    m3c_ldsm(b, t + (n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8);
+}
+
+// The same from a matrix stored as is, [k][n].
+__device__ __forceinline__ void m3c_frag_b_kn(unsigned* b, const m3c_bf* t, unsigned ld, unsigned n0, unsigned k0) {
+    const unsigned l = threadIdx.x % 32;
+    m3c_ldsm_t(b, t + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + n0 + (l >> 4) * 8);
+}
+
+// One warp job's accumulators: 16 rows x M3C_JOB_COLS columns, four m16n8
+// tiles. Element r of acc[j] sits at row m0 + g + 8 (r / 2), column
+// n0 + 8 j + 2 t + r % 2, with g = lane / 4 and t = lane % 4.
+struct M3cAcc {
+    float v[M3C_JOB_COLS / 8][4];
 };
 
-__device__ __forceinline__ void m3c_zero(M3cTile& c) {
-    for (int j = 0; j < 2; ++j) {
+__device__ __forceinline__ void m3c_zero(M3cAcc& c) {
+#pragma unroll
+    for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+#pragma unroll
         for (int r = 0; r < 4; ++r) {
-            c.acc[j][r] = 0.0f;
+            c.v[j][r] = 0.0f;
         }
     }
 }
 
-// c += sum over k in [k0, k1) (steps of 16) of A(m0 + i, k) B(k, n0 + j);
-// A and B are element accessors (row, column) -> float, so transposes,
-// masks and per-row scales cost no extra copies.
-template <class FA, class FB>
-__device__ __forceinline__ void m3c_mma_tile(M3cTile& c, FA A, FB B, unsigned m0, unsigned n0, unsigned k0,
-                                             unsigned k1) {
-    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    for (unsigned k = k0; k < k1; k += 16) {
-        const unsigned ka = k + 2 * t;
-        unsigned a[4];
-        a[0] = m3c_pack(A(m0 + g, ka), A(m0 + g, ka + 1));
-        a[1] = m3c_pack(A(m0 + g + 8, ka), A(m0 + g + 8, ka + 1));
-        a[2] = m3c_pack(A(m0 + g, ka + 8), A(m0 + g, ka + 9));
-        a[3] = m3c_pack(A(m0 + g + 8, ka + 8), A(m0 + g + 8, ka + 9));
-        for (unsigned j = 0; j < 2; ++j) {
-            const unsigned n = n0 + 8 * j + g;
-            unsigned b[2];
-            b[0] = m3c_pack(B(ka, n), B(ka + 1, n));
-            b[1] = m3c_pack(B(ka + 8, n), B(ka + 9, n));
-            m3c_mma(c.acc[j], a, b);
-        }
-    }
-}
-
-// Row and column of accumulator element (j, r) of this lane's tile.
 __device__ __forceinline__ unsigned m3c_row(unsigned m0, int r) {
     return m0 + (threadIdx.x % 32) / 4 + 8 * (r / 2);
 }
@@ -97,65 +134,111 @@ __device__ __forceinline__ unsigned m3c_col(unsigned n0, int j, int r) {
     return n0 + 8 * j + 2 * ((threadIdx.x % 32) % 4) + r % 2;
 }
 
-// Row sums of a tile's 16 columns, for rows m0 + g and m0 + g + 8: `v[r]`
-// is this lane's value at element (j, r) summed over j by the caller's
-// loop; the quad's four lanes fold in a fixed butterfly order.
-__device__ __forceinline__ float m3c_quad_sum(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    return v;
-}
-
-// Sum over aligned groups of eight lanes (xor 4, 2, 1: a fixed order).
-__device__ __forceinline__ float m3c_oct_sum(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v;
-}
-
-// Stores per-(row, 16-column tile) partial sums of `f(row, col) * acc` into
-// part[row * ntiles + n0 / 16]; the caller adds the tiles in order later.
-template <class F>
-__device__ __forceinline__ void m3c_row_partials(const M3cTile& c, F f, unsigned m0, unsigned n0, float* part,
-                                                 unsigned ntiles) {
-    float lo = 0.0f, hi = 0.0f;
-    for (int j = 0; j < 2; ++j) {
-        for (int r = 0; r < 4; ++r) {
-            const float v = f(m3c_row(m0, r), m3c_col(n0, j, r)) * c.acc[j][r];
-            if (r < 2) {
-                lo += v;
-            } else {
-                hi += v;
+// c += A(m0.., k) B(k, n0..) over k in [k0, k1) (steps of 16), for the
+// `ncols` (16 or 32) columns from n0. A_KM: A is stored [k][m] (else
+// [m][k]); B_NK: B is stored [n][k] (else [k][n]).
+template <bool A_KM, bool B_NK>
+__device__ __forceinline__ void m3c_gemm(M3cAcc& c, const m3c_bf* A, unsigned lda, const m3c_bf* B, unsigned ldb,
+                                         unsigned m0, unsigned n0, unsigned k0, unsigned k1, unsigned ncols) {
+    for (unsigned k = k0; k < k1; k += 16) {
+        unsigned a[4];
+        if (A_KM) {
+            m3c_frag_a_km(a, A, lda, m0, k);
+        } else {
+            m3c_frag_a_mk(a, A, lda, m0, k);
+        }
+#pragma unroll
+        for (int h = 0; h < M3C_JOB_COLS / 16; ++h) {
+            if (16u * h < ncols) {
+                unsigned b[4];
+                if (B_NK) {
+                    m3c_frag_b_nk(b, B, ldb, n0 + 16 * h, k);
+                } else {
+                    m3c_frag_b_kn(b, B, ldb, n0 + 16 * h, k);
+                }
+                m3c_mma(c.v[2 * h], a, b);
+                m3c_mma(c.v[2 * h + 1], a, b + 2);
             }
         }
     }
-    lo = m3c_quad_sum(lo);
-    hi = m3c_quad_sum(hi);
-    if ((threadIdx.x % 32) % 4 == 0) {
-        part[m3c_row(m0, 0) * ntiles + n0 / 16] = lo;
-        part[m3c_row(m0, 2) * ntiles + n0 / 16] = hi;
+}
+
+// Scales row m of a job's tile by s[m] (a per-row f32 factor in shared
+// memory).
+__device__ __forceinline__ void m3c_scale_rows(M3cAcc& c, const float* s, unsigned m0) {
+    const float lo = s[m3c_row(m0, 0)], hi = s[m3c_row(m0, 2)];
+#pragma unroll
+    for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+        c.v[j][0] *= lo;
+        c.v[j][1] *= lo;
+        c.v[j][2] *= hi;
+        c.v[j][3] *= hi;
     }
 }
 
-// Loads the chunk's adt, runs its serial inclusive cumsum into cs (the same
-// order as mamba3_scan.cu and m3c_state_pass, so the chunk totals agree bit
-// for bit), and zeroes cs past the chunk's end. Ends with a barrier.
-__device__ __forceinline__ void m3c_chunk_cumsum(const float* __restrict__ adt, unsigned long long row0,
-                                                 unsigned h, unsigned L, unsigned C, unsigned nheads,
-                                                 float* cs) {
-    for (unsigned t = threadIdx.x; t < C; t += blockDim.x) {
-        cs[t] = t < L ? adt[(row0 + t) * nheads + h] : 0.0f;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float acc = 0.0f;
-        for (unsigned t = 0; t < L; ++t) {
-            acc += cs[t];
-            cs[t] = acc;
+// Row dots of a job's tile with an f32 matrix in global memory
+// (x[row * ld + col]) over its `ncols` columns, summed over the quad in a
+// fixed order; lanes with t == 0 store rows m0 + g and m0 + g + 8 into
+// part[row].
+__device__ __forceinline__ void m3c_row_dots(const M3cAcc& c, const float* __restrict__ x, unsigned long long ld,
+                                             unsigned m0, unsigned n0, unsigned ncols, unsigned L, float* part) {
+    float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+    for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+        if (8u * j < ncols) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const unsigned row = m3c_row(m0, r);
+                if (row < L) {
+                    const float v = c.v[j][r] * x[row * ld + m3c_col(n0, j, r)];
+                    if (r < 2) {
+                        lo += v;
+                    } else {
+                        hi += v;
+                    }
+                }
+            }
         }
     }
-    __syncthreads();
+    lo += __shfl_xor_sync(0xffffffffu, lo, 1);
+    lo += __shfl_xor_sync(0xffffffffu, lo, 2);
+    hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+    hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+    if ((threadIdx.x % 32) % 4 == 0) {
+        part[m3c_row(m0, 0)] = lo;
+        part[m3c_row(m0, 2)] = hi;
+    }
+}
+
+// Inclusive cumsum of the chunk's adt (L positions) by one warp, in a
+// fixed order (shuffle scans of 32, carried). Returns the chunk total and,
+// when cs is not null, writes cs[0, C) (zeros past L) and the total into
+// cs[C]. The kernels use cs[C] wherever the math says cs_last, and
+// m3c_state_pass calls this too, so every decay over a whole chunk agrees
+// bit for bit.
+__device__ __forceinline__ float m3c_warp_cumsum(const float* __restrict__ adt, unsigned long long row0, unsigned h,
+                                                 unsigned L, unsigned C, unsigned nheads, float* cs) {
+    const unsigned lane = threadIdx.x % 32;
+    float carry = 0.0f;
+    for (unsigned base = 0; base < C; base += 32) {
+        const unsigned t = base + lane;
+        float v = t < L ? adt[(row0 + t) * nheads + h] : 0.0f;
+        for (unsigned o = 1; o < 32; o <<= 1) {
+            const float n = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) {
+                v += n;
+            }
+        }
+        v += carry;
+        if (cs != nullptr && t < C) {
+            cs[t] = t < L ? v : 0.0f;
+        }
+        carry = __shfl_sync(0xffffffffu, v, 31);
+    }
+    if (cs != nullptr && lane == 0) {
+        cs[C] = carry;
+    }
+    return carry;
 }
 
 __device__ __forceinline__ float m3c_scale(const float* dt, const float* lam, unsigned long long rh, unsigned t,
@@ -168,39 +251,107 @@ __device__ __forceinline__ float m3c_scale(const float* dt, const float* lam, un
     return s;
 }
 
-// Loads in flight per thread while staging: a block holds one SM, so its
-// own loads must cover the memory latency (one at a time, staging alone
-// took most of a kernel's time).
-#define M3C_STAGE_UNROLL 16
-
-// Copies L rows of `width` floats (row r at src[(row0 + r) * stride + off])
-// into a shared tile of row stride width + M3C_PAD, zero-filling rows L..C.
+// Stages rows [0, C) x columns [0, width) of an f32 matrix (row r at
+// src[(row0 + r) * stride + off]) into a bf16 tile of row stride
+// width + M3C_PAD, each row multiplied by scale[r] (when not null) before
+// rounding; rows past L are zero. 16-byte loads when the rows allow.
 __device__ __forceinline__ void m3c_stage(const float* __restrict__ src, unsigned long long row0,
                                           unsigned long long stride, unsigned long long off, unsigned width,
-                                          unsigned L, unsigned C, float* dst) {
-    const unsigned ws = width + M3C_PAD, total = C * width;
-    for (unsigned base = threadIdx.x; base < total; base += M3C_STAGE_UNROLL * blockDim.x) {
-        float v[M3C_STAGE_UNROLL];
+                                          unsigned L, unsigned C, const float* scale, m3c_bf* dst) {
+    const unsigned ws = width + M3C_PAD;
+    const float* base = src + row0 * stride + off;
+    const bool vec = ((stride | off) & 3) == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0;
+    if (vec) {
+        const unsigned q = width / 4, total = C * q;
+        for (unsigned i0 = threadIdx.x; i0 < total; i0 += M3C_STAGE_UNROLL * blockDim.x) {
+            float4 v[M3C_STAGE_UNROLL];
 #pragma unroll
-        for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
-            const unsigned i = base + j * blockDim.x, r = i / width;
-            v[j] = i < total && r < L ? src[(row0 + r) * stride + off + i % width] : 0.0f;
+            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
+                const unsigned i = i0 + j * blockDim.x, r = i / q;
+                v[j] = i < total && r < L ? *reinterpret_cast<const float4*>(base + r * stride + (i % q) * 4)
+                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
+                const unsigned i = i0 + j * blockDim.x, r = i / q;
+                if (i < total) {
+                    const float s = scale != nullptr ? scale[r] : 1.0f;
+                    uint2 p;
+                    p.x = m3c_pack(s * v[j].x, s * v[j].y);
+                    p.y = m3c_pack(s * v[j].z, s * v[j].w);
+                    *reinterpret_cast<uint2*>(dst + r * ws + (i % q) * 4) = p;
+                }
+            }
         }
+    } else {
+        const unsigned q = width / 2, total = C * q;
+        for (unsigned i0 = threadIdx.x; i0 < total; i0 += M3C_STAGE_UNROLL * blockDim.x) {
+            float2 v[M3C_STAGE_UNROLL];
 #pragma unroll
-        for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
-            const unsigned i = base + j * blockDim.x;
-            if (i < total) {
-                dst[(i / width) * ws + i % width] = v[j];
+            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
+                const unsigned i = i0 + j * blockDim.x, r = i / q;
+                const float* p = base + r * stride + (i % q) * 2;
+                v[j] = i < total && r < L ? make_float2(p[0], p[1]) : make_float2(0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
+                const unsigned i = i0 + j * blockDim.x, r = i / q;
+                if (i < total) {
+                    const float s = scale != nullptr ? scale[r] : 1.0f;
+                    *reinterpret_cast<unsigned*>(dst + r * ws + (i % q) * 2) = m3c_pack(s * v[j].x, s * v[j].y);
+                }
             }
         }
     }
 }
 
-// Copies a P x N state slice (contiguous) into a shared tile of row stride
-// N + M3C_PAD; the same batching as m3c_stage.
-__device__ __forceinline__ void m3c_stage_state(const float* __restrict__ src, unsigned P, unsigned N,
-                                                float* dst) {
-    m3c_stage(src, 0, N, 0, N, P, P, dst);
+// Stores a job's tile as bf16 into a tile of row stride ld.
+__device__ __forceinline__ void m3c_store_bf(const M3cAcc& c, m3c_bf* t, unsigned ld, unsigned m0, unsigned n0,
+                                             unsigned ncols) {
+#pragma unroll
+    for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+        if (8u * j < ncols) {
+            *reinterpret_cast<unsigned*>(t + m3c_row(m0, 0) * ld + m3c_col(n0, j, 0)) = m3c_pack(c.v[j][0], c.v[j][1]);
+            *reinterpret_cast<unsigned*>(t + m3c_row(m0, 2) * ld + m3c_col(n0, j, 2)) = m3c_pack(c.v[j][2], c.v[j][3]);
+        }
+    }
+}
+
+// Stores a job's rows < L as f32 pairs at out[row * ld + col] (+ off).
+__device__ __forceinline__ void m3c_store_f32(const M3cAcc& c, float* __restrict__ out, unsigned long long ld,
+                                              unsigned m0, unsigned n0, unsigned ncols, unsigned L) {
+#pragma unroll
+    for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+        if (8u * j < ncols) {
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const unsigned row = m3c_row(m0, 2 * hr);
+                if (row < L) {
+                    *reinterpret_cast<float2*>(out + row * ld + m3c_col(n0, j, 2 * hr)) =
+                        make_float2(c.v[j][2 * hr], c.v[j][2 * hr + 1]);
+                }
+            }
+        }
+    }
+}
+
+// Block coordinates of the per-chunk kernels: chunk c of (batch row b,
+// head h), its first row and its length L (the last chunk may be short).
+struct M3cBlock {
+    unsigned c, bh, b, h, c0, L;
+    unsigned long long row0;
+};
+
+__device__ __forceinline__ M3cBlock m3c_block(const M3Dims& d) {
+    M3cBlock k;
+    k.c = blockIdx.x;
+    k.bh = blockIdx.y;
+    k.b = k.bh / d.nheads;
+    k.h = k.bh % d.nheads;
+    k.c0 = k.c * d.chunk;
+    k.L = min(d.chunk, d.len - k.c0);
+    k.row0 = (unsigned long long)k.b * d.len + k.c0;
+    return k;
 }
 
 // One chunk's own contribution to the state recurrence, written to
@@ -212,50 +363,45 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     m3c_chunk_state(const float* __restrict__ x, unsigned x_stride, unsigned x_off, const float* __restrict__ yv,
                     const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                     float* __restrict__ out, M3Dims d, unsigned mode) {
-    extern __shared__ float sm[];
+    extern __shared__ __align__(16) unsigned char m3c_sm[];
     const unsigned P = d.headdim, N = d.d_state, C = d.chunk;
     const unsigned PS = P + M3C_PAD, NS = N + M3C_PAD;
-    float* X = sm;           // C x PS, weighted rows
-    float* Y = X + C * PS;   // C x NS
-    float* cs = Y + C * NS;  // C
-    float* w = cs + C;       // C
-    const unsigned c = blockIdx.x, bh = blockIdx.y, b = bh / d.nheads, h = bh % d.nheads;
-    const unsigned c0 = c * C, L = min(C, d.len - c0);
-    const unsigned long long row0 = (unsigned long long)b * d.len + c0;
-    m3c_chunk_cumsum(adt, row0, h, L, C, d.nheads, cs);
+    m3c_bf* X = reinterpret_cast<m3c_bf*>(m3c_sm);      // C x PS, rows weighted by w
+    m3c_bf* Y = X + C * PS;                              // C x NS
+    float* cs = reinterpret_cast<float*>(Y + C * NS);    // C + 1
+    float* w = cs + C + 1;                               // C
+    const M3cBlock k = m3c_block(d);
+    const unsigned warp = threadIdx.x / 32;
+    if (warp == 0) {
+        m3c_warp_cumsum(adt, k.row0, k.h, k.L, C, d.nheads, cs);
+    }
+    __syncthreads();
     for (unsigned t = threadIdx.x; t < C; t += blockDim.x) {
         float wt = 0.0f;
-        if (t < L) {
+        if (t < k.L) {
             if (mode == 0) {
-                const unsigned long long rh = (row0 + t) * d.nheads + h;
-                wt = expf(cs[L - 1] - cs[t]) * m3c_scale(dt, lam, rh, c0 + t, d.len, d.nheads);
+                const unsigned long long rh = (k.row0 + t) * d.nheads + k.h;
+                wt = expf(cs[C] - cs[t]) * m3c_scale(dt, lam, rh, k.c0 + t, d.len, d.nheads);
             } else {
                 wt = expf(cs[t]);
             }
         }
         w[t] = wt;
     }
-    m3c_stage(x, row0, x_stride, (unsigned long long)x_off + h * P, P, L, C, X);
-    m3c_stage(yv, row0, (unsigned long long)d.nheads * N, (unsigned long long)h * N, N, L, C, Y);
     __syncthreads();
-    for (unsigned i = threadIdx.x; i < C * P; i += blockDim.x) {
-        X[(i / P) * PS + i % P] *= w[i / P];
-    }
+    m3c_stage(x, k.row0, x_stride, (unsigned long long)x_off + k.h * P, P, k.L, C, w, X);
+    m3c_stage(yv, k.row0, (unsigned long long)d.nheads * N, (unsigned long long)k.h * N, N, k.L, C, nullptr, Y);
     __syncthreads();
-    auto A = [&](unsigned p, unsigned t) { return X[t * PS + p]; };
-    auto B = [&](unsigned t, unsigned n) { return Y[t * NS + n]; };
-    float* o = out + ((unsigned long long)bh * d.nchunks + c) * P * N;
-    const unsigned warp = threadIdx.x / 32, tn = N / 16, jobs = (P / 16) * tn;
+    float* o = out + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N;
+    const unsigned tn = (N + M3C_JOB_COLS - 1) / M3C_JOB_COLS, jobs = (P / 16) * tn;
     for (unsigned job = warp; job < jobs; job += M3C_WARPS) {
-        const unsigned m0 = (job / tn) * 16, n0 = (job % tn) * 16;
-        M3cTile acc;
+        const unsigned m0 = (job / tn) * 16, n0 = (job % tn) * M3C_JOB_COLS;
+        const unsigned ncols = min(M3C_JOB_COLS, N - n0);
+        M3cAcc acc;
         m3c_zero(acc);
-        m3c_mma_tile(acc, A, B, m0, n0, 0, C);
-        for (int j = 0; j < 2; ++j) {
-            for (int r = 0; r < 4; ++r) {
-                o[m3c_row(m0, r) * N + m3c_col(n0, j, r)] = acc.acc[j][r];
-            }
-        }
+        // out[p][n] = sum_t X[t][p] Y[t][n]: A is X^T, B is Y as stored.
+        m3c_gemm<true, false>(acc, X, PS, Y, NS, m0, n0, 0, C, ncols);
+        m3c_store_f32(acc, o, N, m0, n0, ncols, P);
     }
 }
 
@@ -263,31 +409,19 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
 // buf[bh, c] holds chunk c's own contribution; on exit
 //   dir 0: the state entering chunk c    (S_0 = 0, S_{c+1} = e^{cs_last} S_c + own_c)
 //   dir 1: dL/d(state leaving chunk c)   (G_last = 0, G_{c-1} = e^{cs_last} G_c + own_c)
-// Chunk totals of adt are summed in the same serial order as the chunk
-// kernels, so the decays agree bit for bit. Dynamic shared memory: nchunks
-// floats.
+// Chunk totals come from m3c_warp_cumsum, as in the chunk kernels.
+// Dynamic shared memory: nchunks floats.
 extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
     m3c_state_pass(const float* __restrict__ adt, float* __restrict__ buf, M3Dims d, unsigned dir) {
     extern __shared__ float decay[];
     const unsigned bh = blockIdx.y, b = bh / d.nheads, h = bh % d.nheads, C = d.chunk;
-    for (unsigned c = threadIdx.x; c < d.nchunks; c += blockDim.x) {
+    const unsigned warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (unsigned c = warp; c < d.nchunks; c += nw) {
         const unsigned c0 = c * C, L = min(C, d.len - c0);
-        const float* a = adt + ((unsigned long long)b * d.len + c0) * d.nheads + h;
-        float acc = 0.0f;
-        for (unsigned t0 = 0; t0 < L; t0 += M3C_STAGE_UNROLL) {
-            float v[M3C_STAGE_UNROLL];
-#pragma unroll
-            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
-                v[j] = t0 + j < L ? a[(unsigned long long)(t0 + j) * d.nheads] : 0.0f;
-            }
-#pragma unroll
-            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
-                if (t0 + j < L) {
-                    acc += v[j];
-                }
-            }
+        const float tot = m3c_warp_cumsum(adt, (unsigned long long)b * d.len + c0, h, L, C, d.nheads, nullptr);
+        if (threadIdx.x % 32 == 0) {
+            decay[c] = expf(tot);
         }
-        decay[c] = expf(acc);
     }
     __syncthreads();
     const unsigned long long pn = (unsigned long long)d.headdim * d.d_state;
@@ -321,32 +455,35 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
 //   y_t = e^{cs_t} S_c q_t + sum_{s<t} e^{cs_t - cs_s} (q_t . k~_s) v_s + dg_t v_t
 // with the diagonal dg_t v_t added in f32 after the products.
 extern "C" __global__ void __launch_bounds__(M3C_THREADS)
-    m3c_scan_out(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ proj,
+    m3c_scan_out(const float* __restrict__ q, const float* __restrict__ kin, const float* __restrict__ proj,
                  const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                  const float* __restrict__ qk_raw, const float* __restrict__ dskip,
                  const float* __restrict__ states, float* __restrict__ y, M3Dims d) {
-    extern __shared__ float sm[];
+    extern __shared__ __align__(16) unsigned char m3c_sm[];
     const unsigned P = d.headdim, N = d.d_state, C = d.chunk;
     const unsigned PS = P + M3C_PAD, NS = N + M3C_PAD, CS = C + M3C_PAD;
-    float* Q = sm;            // C x NS
-    float* K = Q + C * NS;    // C x NS, raw keys
-    float* V = K + C * NS;    // C x PS
-    float* S = V + C * PS;    // P x NS, state entering the chunk
-    float* W = S + P * NS;    // C x CS, decayed strictly-causal scores
-    float* cs = W + C * CS;   // C
-    float* sc = cs + C;       // C, scale
-    float* dg = sc + C;       // C, D + gamma q̂.k̂
-    float* ecs = dg + C;      // C, e^{cs_t}
-    const unsigned c = blockIdx.x, bh = blockIdx.y, b = bh / d.nheads, h = bh % d.nheads;
-    const unsigned c0 = c * C, L = min(C, d.len - c0);
-    const unsigned long long row0 = (unsigned long long)b * d.len + c0;
-    m3c_chunk_cumsum(adt, row0, h, L, C, d.nheads, cs);
+    m3c_bf* Q = reinterpret_cast<m3c_bf*>(m3c_sm);  // C x NS
+    m3c_bf* K = Q + C * NS;                          // C x NS, k~ = scale_s k_s
+    m3c_bf* V = K + C * NS;                          // C x PS
+    m3c_bf* S = V + C * PS;                          // P x NS, state entering the chunk
+    m3c_bf* W = S + P * NS;                          // C x CS, decayed strictly-causal scores
+    float* cs = reinterpret_cast<float*>(W + C * CS);  // C + 1
+    float* sc = cs + C + 1;                            // C, scale
+    float* dg = sc + C;                                // C, D + gamma q^.k^
+    float* ecs = dg + C;                               // C, e^{cs_t}
+    const M3cBlock k = m3c_block(d);
+    const unsigned warp = threadIdx.x / 32, tc = C / 16, L = k.L, h = k.h;
+    const unsigned long long row0 = k.row0;
+    if (warp == 0) {
+        m3c_warp_cumsum(adt, row0, h, L, C, d.nheads, cs);
+    }
+    __syncthreads();
     const float dh = dskip[h];
     for (unsigned t = threadIdx.x; t < C; t += blockDim.x) {
         float s = 0.0f, g = 0.0f, e = 0.0f;
         if (t < L) {
             const unsigned long long rh = (row0 + t) * d.nheads + h;
-            s = m3c_scale(dt, lam, rh, c0 + t, d.len, d.nheads);
+            s = m3c_scale(dt, lam, rh, k.c0 + t, d.len, d.nheads);
             g = dh + lam[rh] * dt[rh] * qk_raw[rh];
             e = expf(cs[t]);
         }
@@ -354,53 +491,55 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         dg[t] = g;
         ecs[t] = e;
     }
-    const unsigned long long hn = (unsigned long long)d.nheads * N;
-    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, Q);
-    m3c_stage(k, row0, hn, (unsigned long long)h * N, N, L, C, K);
-    m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, V);
-    m3c_stage_state(states + ((unsigned long long)bh * d.nchunks + c) * P * N, P, N, S);
     __syncthreads();
-    const unsigned warp = threadIdx.x / 32, tc = C / 16;
-    // Scores W_ts = e^{cs_t - cs_s} q_t . (scale_s k_s) for s < t; tiles
-    // above the diagonal are zero and skipped by the next product.
-    {
-        auto A = [&](unsigned t, unsigned n) { return Q[t * NS + n]; };
-        auto B = [&](unsigned n, unsigned s) { return sc[s] * K[s * NS + n]; };
-        for (unsigned job = warp; job < tc * tc; job += M3C_WARPS) {
-            const unsigned m0 = (job / tc) * 16, n0 = (job % tc) * 16;
-            if (n0 > m0) {
-                continue;
-            }
-            M3cTile acc;
-            m3c_zero(acc);
-            m3c_mma_tile(acc, A, B, m0, n0, 0, N);
-            for (int j = 0; j < 2; ++j) {
-                for (int r = 0; r < 4; ++r) {
-                    const unsigned t = m3c_row(m0, r), s = m3c_col(n0, j, r);
-                    W[t * CS + s] = s < t ? expf(cs[t] - cs[s]) * acc.acc[j][r] : 0.0f;
-                }
+    const unsigned long long hn = (unsigned long long)d.nheads * N;
+    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
+    m3c_stage(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
+    m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
+    m3c_stage(states + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N, 0, N, 0, N, P, P, nullptr, S);
+    __syncthreads();
+    // Scores W_ts = e^{cs_t - cs_s} q_t . k~_s for s < t < L, else 0; tiles
+    // above the diagonal are never read.
+    for (unsigned job = warp; job < tc * tc; job += M3C_WARPS) {
+        const unsigned m0 = (job / tc) * 16, n0 = (job % tc) * 16;
+        if (n0 > m0) {
+            continue;
+        }
+        M3cAcc acc;
+        m3c_zero(acc);
+        m3c_gemm<false, true>(acc, Q, NS, K, NS, m0, n0, 0, N, 16);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const unsigned t = m3c_row(m0, r), s = m3c_col(n0, j, r);
+                acc.v[j][r] = s < t && t < L ? expf(cs[t] - cs[s]) * acc.v[j][r] : 0.0f;
             }
         }
+        m3c_store_bf(acc, W, CS, m0, n0, 16);
     }
     __syncthreads();
-    // y = W V + diag(e^{cs}) Q S^T (+ dg v in f32).
-    {
-        auto AW = [&](unsigned t, unsigned s) { return W[t * CS + s]; };
-        auto BV = [&](unsigned s, unsigned p) { return V[s * PS + p]; };
-        auto AQ = [&](unsigned t, unsigned n) { return ecs[t] * Q[t * NS + n]; };
-        auto BS = [&](unsigned n, unsigned p) { return S[p * NS + n]; };
-        const unsigned tp = P / 16;
-        for (unsigned job = warp; job < tc * tp; job += M3C_WARPS) {
-            const unsigned m0 = (job / tp) * 16, n0 = (job % tp) * 16;
-            M3cTile acc;
-            m3c_zero(acc);
-            m3c_mma_tile(acc, AW, BV, m0, n0, 0, m0 + 16);
-            m3c_mma_tile(acc, AQ, BS, m0, n0, 0, N);
-            for (int j = 0; j < 2; ++j) {
+    // y = diag(e^{cs}) Q S^T + W V (+ dg v in f32).
+    const unsigned tp = (P + M3C_JOB_COLS - 1) / M3C_JOB_COLS;
+    const float* vf = proj + row0 * d.width + d.off_x + h * P;
+    float* yo = y + row0 * d.d_inner + h * P;
+    for (unsigned job = warp; job < tc * tp; job += M3C_WARPS) {
+        const unsigned m0 = (job / tp) * 16, n0 = (job % tp) * M3C_JOB_COLS;
+        const unsigned ncols = min(M3C_JOB_COLS, P - n0);
+        M3cAcc acc;
+        m3c_zero(acc);
+        m3c_gemm<false, true>(acc, Q, NS, S, NS, m0, n0, 0, N, ncols);
+        m3c_scale_rows(acc, ecs, m0);
+        m3c_gemm<false, false>(acc, W, CS, V, PS, m0, n0, 0, m0 + 16, ncols);
+#pragma unroll
+        for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+            if (8u * j < ncols) {
+#pragma unroll
                 for (int r = 0; r < 4; ++r) {
                     const unsigned t = m3c_row(m0, r), p = m3c_col(n0, j, r);
                     if (t < L) {
-                        y[(row0 + t) * d.d_inner + h * P + p] = fmaf(dg[t], V[t * PS + p], acc.acc[j][r]);
+                        yo[t * (unsigned long long)d.d_inner + p] =
+                            fmaf(dg[t], vf[t * (unsigned long long)d.width + p], acc.v[j][r]);
                     }
                 }
             }
@@ -413,182 +552,186 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
 // the same outputs as m3_scan_bwd_f32 except the D gradient, whose partial
 // sums land per chunk: dskip_part[(b nchunks + c) H + h].
 extern "C" __global__ void __launch_bounds__(M3C_THREADS)
-    m3c_scan_bwd(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ proj,
+    m3c_scan_bwd(const float* __restrict__ q, const float* __restrict__ kin, const float* __restrict__ proj,
                  const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                  const float* __restrict__ qk_raw, const float* __restrict__ dskip,
                  const float* __restrict__ states, const float* __restrict__ gstates, const float* __restrict__ dy,
                  float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dproj,
                  float* __restrict__ dadt, float* __restrict__ dscale, float* __restrict__ dqkdot,
                  float* __restrict__ dskip_part, M3Dims d) {
-    extern __shared__ float sm[];
+    extern __shared__ __align__(16) unsigned char m3c_sm[];
     const unsigned P = d.headdim, N = d.d_state, C = d.chunk;
-    const unsigned PS = P + M3C_PAD, NS = N + M3C_PAD, CS = C + M3C_PAD, TN = N / 16, TP = P / 16;
-    float* Q = sm;             // C x NS
-    float* K = Q + C * NS;     // C x NS, raw keys (scaled when read)
-    float* V = K + C * NS;     // C x PS
-    float* DY = V + C * PS;    // C x PS
-    float* X = DY + C * PS;    // P x NS: S_c, then G
-    // C x CS each. Strictly lower triangle (s < t): QK = E_ts (q_t . k~_s)
-    // and DV = E_ts (dy_t . v_s), E_ts = e^{cs_t - cs_s}. QK's upper
-    // triangle holds the pair weight QK_ts (dy_t . v_s) at [s][t], which
-    // drives cs_t up and cs_s down. Other entries are never read.
-    float* QK = X + P * NS;
-    float* DV = QK + C * CS;
-    float* cs = DV + C * CS;   // C
-    float* ecs = cs + C;       // C, e^{cs_t}
-    float* dl = ecs + C;       // C, e^{cs_last - cs_t}
-    float* dg = dl + C;        // C, D + gamma qk_raw
-    float* sc = dg + C;        // C, scale
-    float* pr = sc + C;        // C, pair terms of dcs
-    float* dyv = pr + C;       // C, dy_t . v_t
-    float* pa = dyv + C;       // C x TN, q . (inter-chunk dq) partials
-    float* pb = pa + C * TN;   // C x TP, v . GK partials
-    float* pc = pb + C * TP;   // C x TN, dk~ . k partials
-    float* red = pc + C * TN;  // M3C_WARPS
-    const unsigned c = blockIdx.x, bh = blockIdx.y, b = bh / d.nheads, h = bh % d.nheads;
-    const unsigned c0 = c * C, L = min(C, d.len - c0);
-    const unsigned long long row0 = (unsigned long long)b * d.len + c0;
-    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, tc = C / 16;
-    m3c_chunk_cumsum(adt, row0, h, L, C, d.nheads, cs);
+    const unsigned PS = P + M3C_PAD, NS = N + M3C_PAD, CS = C + M3C_PAD;
+    const unsigned tc = C / 16, TN = (N + M3C_JOB_COLS - 1) / M3C_JOB_COLS, TP = (P + M3C_JOB_COLS - 1) / M3C_JOB_COLS;
+    m3c_bf* Q = reinterpret_cast<m3c_bf*>(m3c_sm);  // C x NS
+    m3c_bf* K = Q + C * NS;                          // C x NS, k~ = scale_s k_s
+    m3c_bf* V = K + C * NS;                          // C x PS
+    m3c_bf* DY = V + C * PS;                         // C x PS
+    m3c_bf* X = DY + C * PS;                         // P x NS: S_c, then G
+    // C x CS each, [t][s]: QK = E_ts (q_t . k~_s) and DV = E_ts (dy_t . v_s)
+    // for s < t < L (E_ts = e^{cs_t - cs_s}), else 0.
+    m3c_bf* QK = X + P * NS;
+    m3c_bf* DV = QK + C * CS;
+    float* cs = reinterpret_cast<float*>(DV + C * CS);  // C + 1
+    float* ecs = cs + C + 1;                              // C, e^{cs_t}
+    float* dl = ecs + C;                                  // C, e^{cs_last - cs_t}
+    float* dg = dl + C;                                   // C, D + gamma qk_raw
+    float* sc = dg + C;                                   // C, scale
+    float* dyv = sc + C;                                  // C, dy_t . v_t
+    // Partial sums, one row of C per contributing job, added in order last:
+    float* prow = dyv + C;      // tc x C: pair weights w_ts summed over score tile st's columns
+    float* pcol = prow + tc * C;  // tc x C: w_ts summed over row block rb's rows
+    float* pa = pcol + tc * C;  // TN x C: q . (inter-chunk dq) per column block
+    float* pc = pa + TN * C;    // TN x C: dk~ . k per column block
+    float* pb = pc + TN * C;    // TP x C: v . (dl G k~) per column block
+    float* red = pb + TP * C;   // M3C_WARPS
+    const M3cBlock k = m3c_block(d);
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, L = k.L, h = k.h;
+    const unsigned long long row0 = k.row0, hn = (unsigned long long)d.nheads * N;
+    if (warp == 0) {
+        m3c_warp_cumsum(adt, row0, h, L, C, d.nheads, cs);
+    }
+    __syncthreads();
     const float dh = dskip[h];
     for (unsigned t = threadIdx.x; t < C; t += blockDim.x) {
         float s = 0.0f, g = 0.0f, e = 0.0f, l = 0.0f;
         if (t < L) {
             const unsigned long long rh = (row0 + t) * d.nheads + h;
-            s = m3c_scale(dt, lam, rh, c0 + t, d.len, d.nheads);
+            s = m3c_scale(dt, lam, rh, k.c0 + t, d.len, d.nheads);
             g = dh + lam[rh] * dt[rh] * qk_raw[rh];
             e = expf(cs[t]);
-            l = expf(cs[L - 1] - cs[t]);
+            l = expf(cs[C] - cs[t]);
         }
         sc[t] = s;
         dg[t] = g;
         ecs[t] = e;
         dl[t] = l;
     }
-    const unsigned long long hn = (unsigned long long)d.nheads * N;
-    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, Q);
-    m3c_stage(k, row0, hn, (unsigned long long)h * N, N, L, C, K);
-    m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, V);
-    m3c_stage(dy, row0, d.d_inner, (unsigned long long)h * P, P, L, C, DY);
-    const unsigned long long st_off = ((unsigned long long)bh * d.nchunks + c) * P * N;
-    m3c_stage_state(states + st_off, P, N, X);
     __syncthreads();
-
-    auto Kt = [&](unsigned s, unsigned n) { return sc[s] * K[s * NS + n]; };
-    // Scores and value products of the lower tiles, in one pass so each
-    // lane holds both factors of the pair weight.
-    {
-        auto AQ = [&](unsigned t, unsigned n) { return Q[t * NS + n]; };
-        auto BK = [&](unsigned n, unsigned s) { return Kt(s, n); };
-        auto AY = [&](unsigned t, unsigned p) { return DY[t * PS + p]; };
-        auto BV = [&](unsigned p, unsigned s) { return V[s * PS + p]; };
-        for (unsigned job = warp; job < tc * tc; job += M3C_WARPS) {
-            const unsigned m0 = (job / tc) * 16, n0 = (job % tc) * 16;
-            if (n0 > m0) {
-                continue;
+    const float* vf = proj + row0 * d.width + d.off_x + h * P;  // v rows, f32
+    const float* dyf = dy + row0 * d.d_inner + h * P;           // dy rows, f32
+    const unsigned long long st_off = ((unsigned long long)k.bh * d.nchunks + k.c) * P * N;
+    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
+    m3c_stage(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
+    m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
+    m3c_stage(dy, row0, d.d_inner, (unsigned long long)h * P, P, L, C, nullptr, DY);
+    m3c_stage(states + st_off, 0, N, 0, N, P, P, nullptr, X);
+    // dy_t . v_t in f32, a warp per row.
+    for (unsigned t = warp; t < C; t += M3C_WARPS) {
+        float acc = 0.0f;
+        if (t < L) {
+            for (unsigned p = lane; p < P; p += 32) {
+                acc = fmaf(dyf[t * (unsigned long long)d.d_inner + p], vf[t * (unsigned long long)d.width + p], acc);
             }
-            M3cTile qk, dv;
-            m3c_zero(qk);
-            m3c_zero(dv);
-            m3c_mma_tile(qk, AQ, BK, m0, n0, 0, N);
-            m3c_mma_tile(dv, AY, BV, m0, n0, 0, P);
-            for (int j = 0; j < 2; ++j) {
-                for (int r = 0; r < 4; ++r) {
-                    const unsigned t = m3c_row(m0, r), s = m3c_col(n0, j, r);
-                    if (s < t) {
-                        const float e = expf(cs[t] - cs[s]);
-                        const float a = e * qk.acc[j][r];
-                        QK[t * CS + s] = a;
-                        DV[t * CS + s] = e * dv.acc[j][r];
-                        QK[s * CS + t] = a * dv.acc[j][r];
-                    }
-                }
-            }
+        }
+        acc = m3_warp_sum(acc);
+        if (lane == 0) {
+            dyv[t] = acc;
         }
     }
-    // dy_t . v_t: eight lanes per row, folded in a fixed butterfly.
-    for (unsigned base = 0; base < C; base += blockDim.x / 8) {
-        const unsigned t = base + threadIdx.x / 8, j = threadIdx.x % 8;
-        float acc = 0.0f;
-        if (t < C) {
-            for (unsigned p = j; p < P; p += 8) {
-                acc = fmaf(DY[t * PS + p], V[t * PS + p], acc);
+    __syncthreads();
+
+    // Score tiles (rows t, columns s <= t): QK and DV, and the pair weights
+    // w_ts = QK_ts (dy_t . v_s), which drive cs_t up and cs_s down.
+    for (unsigned job = warp; job < tc * tc; job += M3C_WARPS) {
+        const unsigned rb = job / tc, st = job % tc, m0 = rb * 16, n0 = st * 16;
+        if (st > rb) {
+            continue;
+        }
+        M3cAcc qk, dv;
+        m3c_zero(qk);
+        m3c_zero(dv);
+        m3c_gemm<false, true>(qk, Q, NS, K, NS, m0, n0, 0, N, 16);
+        m3c_gemm<false, true>(dv, DY, PS, V, PS, m0, n0, 0, P, 16);
+        float rlo = 0.0f, rhi = 0.0f, col[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const unsigned t = m3c_row(m0, r), s = m3c_col(n0, j, r);
+                float a = 0.0f, e_dv = 0.0f, w = 0.0f;
+                if (s < t && t < L) {
+                    const float e = expf(cs[t] - cs[s]);
+                    a = e * qk.v[j][r];
+                    e_dv = e * dv.v[j][r];
+                    w = a * dv.v[j][r];
+                }
+                qk.v[j][r] = a;
+                dv.v[j][r] = e_dv;
+                if (r < 2) {
+                    rlo += w;
+                } else {
+                    rhi += w;
+                }
+                col[j][r % 2] += w;
             }
         }
-        acc = m3c_oct_sum(acc);
-        if (t < C && j == 0) {
-            dyv[t] = acc;
+        m3c_store_bf(qk, QK, CS, m0, n0, 16);
+        m3c_store_bf(dv, DV, CS, m0, n0, 16);
+        rlo += __shfl_xor_sync(0xffffffffu, rlo, 1);
+        rlo += __shfl_xor_sync(0xffffffffu, rlo, 2);
+        rhi += __shfl_xor_sync(0xffffffffu, rhi, 1);
+        rhi += __shfl_xor_sync(0xffffffffu, rhi, 2);
+        if (lane % 4 == 0) {
+            prow[st * C + m3c_row(m0, 0)] = rlo;
+            prow[st * C + m3c_row(m0, 2)] = rhi;
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float v = col[j][e];
+                v += __shfl_xor_sync(0xffffffffu, v, 4);
+                v += __shfl_xor_sync(0xffffffffu, v, 8);
+                v += __shfl_xor_sync(0xffffffffu, v, 16);
+                if (lane < 4) {
+                    pcol[rb * C + m3c_col(n0, j, e)] = v;
+                }
+            }
         }
     }
     __syncthreads();
     // dq = e^{cs_t} (S_c^T dy_t) + sum_{s<t} DV_ts k~_s; the first term's
     // row dot with q_t is the inter-chunk part of dL/dcs_t.
-    {
-        auto AY = [&](unsigned t, unsigned p) { return DY[t * PS + p]; };
-        auto BS = [&](unsigned p, unsigned n) { return X[p * NS + n]; };
-        auto ADV = [&](unsigned t, unsigned s) { return s < t ? DV[t * CS + s] : 0.0f; };
-        auto BK = [&](unsigned s, unsigned n) { return Kt(s, n); };
-        auto FQ = [&](unsigned t, unsigned n) { return Q[t * NS + n]; };
-        for (unsigned job = warp; job < tc * TN; job += M3C_WARPS) {
-            const unsigned m0 = (job / TN) * 16, n0 = (job % TN) * 16;
-            M3cTile acc;
-            m3c_zero(acc);
-            m3c_mma_tile(acc, AY, BS, m0, n0, 0, P);
-            for (int j = 0; j < 2; ++j) {
-                for (int r = 0; r < 4; ++r) {
-                    acc.acc[j][r] *= ecs[m3c_row(m0, r)];
-                }
-            }
-            m3c_row_partials(acc, FQ, m0, n0, pa, TN);
-            m3c_mma_tile(acc, ADV, BK, m0, n0, 0, m0 + 16);
-            for (int j = 0; j < 2; ++j) {
-                for (int r = 0; r < 4; ++r) {
-                    const unsigned t = m3c_row(m0, r), n = m3c_col(n0, j, r);
-                    if (t < L) {
-                        dq[((row0 + t) * d.nheads + h) * N + n] = acc.acc[j][r];
-                    }
-                }
-            }
-        }
+    for (unsigned job = warp; job < tc * TN; job += M3C_WARPS) {
+        const unsigned rb = job / TN, nb = job % TN, m0 = rb * 16, n0 = nb * M3C_JOB_COLS;
+        const unsigned ncols = min(M3C_JOB_COLS, N - n0);
+        M3cAcc acc;
+        m3c_zero(acc);
+        m3c_gemm<false, false>(acc, DY, PS, X, NS, m0, n0, 0, P, ncols);
+        m3c_scale_rows(acc, ecs, m0);
+        m3c_row_dots(acc, q + row0 * hn + h * N, hn, m0, n0, ncols, L, pa + nb * C);
+        m3c_gemm<false, false>(acc, DV, CS, K, NS, m0, n0, 0, m0 + 16, ncols);
+        m3c_store_f32(acc, dq + row0 * hn + h * N, hn, m0, n0, ncols, L);
     }
-    // Pair terms: sum_{s<t} w_ts - sum_{u>t} w_ut, eight lanes per row.
-    for (unsigned base = 0; base < C; base += blockDim.x / 8) {
-        const unsigned t = base + threadIdx.x / 8, j = threadIdx.x % 8;
-        float acc = 0.0f;
-        if (t < L) {
-            for (unsigned s = j; s < t; s += 8) {
-                acc += QK[s * CS + t];
-            }
-            for (unsigned u = t + 1 + j; u < L; u += 8) {
-                acc -= QK[t * CS + u];
-            }
-        }
-        acc = m3c_oct_sum(acc);
-        if (t < C && j == 0) {
-            pr[t] = acc;
-        }
-    }
-    // sum over the state of G . S_c (drives e^{cs_last} in front of S_c),
-    // then G replaces S_c in X.
+    __syncthreads();
+    // G replaces S_c in X; the sum of G . S_c (f32, from global memory)
+    // drives e^{cs_last} in front of S_c.
     float part = 0.0f;
     {
-        const float* gs = gstates + st_off;
-        const unsigned pn = P * N;
-        __syncthreads();
-        for (unsigned base = threadIdx.x; base < pn; base += M3C_STAGE_UNROLL * blockDim.x) {
-            float v[M3C_STAGE_UNROLL];
+        const float4* gs = reinterpret_cast<const float4*>(gstates + st_off);
+        const float4* ss = reinterpret_cast<const float4*>(states + st_off);
+        const unsigned n4 = P * N / 4, q4 = N / 4;
+        for (unsigned i0 = threadIdx.x; i0 < n4; i0 += 4 * blockDim.x) {
+            float4 g[4], s[4];
 #pragma unroll
-            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
-                const unsigned i = base + j * blockDim.x;
-                v[j] = i < pn ? gs[i] : 0.0f;
+            for (int j = 0; j < 4; ++j) {
+                const unsigned i = i0 + j * blockDim.x;
+                g[j] = i < n4 ? gs[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                s[j] = i < n4 ? ss[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
 #pragma unroll
-            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
-                const unsigned i = base + j * blockDim.x;
-                if (i < pn) {
-                    const unsigned at = (i / N) * NS + i % N;
-                    part = fmaf(v[j], X[at], part);
-                    X[at] = v[j];
+            for (int j = 0; j < 4; ++j) {
+                const unsigned i = i0 + j * blockDim.x;
+                if (i < n4) {
+                    part = fmaf(g[j].x, s[j].x, part);
+                    part = fmaf(g[j].y, s[j].y, part);
+                    part = fmaf(g[j].z, s[j].z, part);
+                    part = fmaf(g[j].w, s[j].w, part);
+                    uint2 p;
+                    p.x = m3c_pack(g[j].x, g[j].y);
+                    p.y = m3c_pack(g[j].z, g[j].w);
+                    *reinterpret_cast<uint2*>(X + (i / q4) * NS + (i % q4) * 4) = p;
                 }
             }
         }
@@ -598,57 +741,38 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         red[warp] = part;
     }
     __syncthreads();
-    // dk~ = sum_{t>s} DV_ts q_t + e^{cs_last - cs_s} G^T v_s, and
-    // dv = sum_{t>s} QK_ts dy_t + dg_s dy_s + e^{cs_last - cs_s} G k~_s.
-    {
-        auto AV = [&](unsigned s, unsigned p) { return V[s * PS + p]; };
-        auto BG = [&](unsigned p, unsigned n) { return X[p * NS + n]; };
-        auto ADVt = [&](unsigned s, unsigned t) { return s < t ? DV[t * CS + s] : 0.0f; };
-        auto BQ = [&](unsigned t, unsigned n) { return Q[t * NS + n]; };
-        auto FK = [&](unsigned s, unsigned n) { return K[s * NS + n]; };
-        auto AK = [&](unsigned s, unsigned n) { return Kt(s, n); };
-        auto BGt = [&](unsigned n, unsigned p) { return X[p * NS + n]; };
-        auto AQKt = [&](unsigned s, unsigned t) { return s < t ? QK[t * CS + s] : 0.0f; };
-        auto BY = [&](unsigned t, unsigned p) { return DY[t * PS + p]; };
-        auto FV = [&](unsigned s, unsigned p) { return V[s * PS + p]; };
-        const unsigned jobs_k = tc * TN, jobs = jobs_k + tc * TP;
-        for (unsigned job = warp; job < jobs; job += M3C_WARPS) {
-            M3cTile acc;
-            m3c_zero(acc);
-            if (job < jobs_k) {
-                const unsigned m0 = (job / TN) * 16, n0 = (job % TN) * 16;
-                m3c_mma_tile(acc, AV, BG, m0, n0, 0, P);
-                for (int j = 0; j < 2; ++j) {
-                    for (int r = 0; r < 4; ++r) {
-                        acc.acc[j][r] *= dl[m3c_row(m0, r)];
-                    }
-                }
-                m3c_mma_tile(acc, ADVt, BQ, m0, n0, m0, C);
-                m3c_row_partials(acc, FK, m0, n0, pc, TN);
-                for (int j = 0; j < 2; ++j) {
-                    for (int r = 0; r < 4; ++r) {
-                        const unsigned s = m3c_row(m0, r), n = m3c_col(n0, j, r);
-                        if (s < L) {
-                            dk[((row0 + s) * d.nheads + h) * N + n] = sc[s] * acc.acc[j][r];
-                        }
-                    }
-                }
-            } else {
-                const unsigned jv = job - jobs_k, m0 = (jv / TP) * 16, n0 = (jv % TP) * 16;
-                m3c_mma_tile(acc, AK, BGt, m0, n0, 0, N);
-                for (int j = 0; j < 2; ++j) {
-                    for (int r = 0; r < 4; ++r) {
-                        acc.acc[j][r] *= dl[m3c_row(m0, r)];
-                    }
-                }
-                m3c_row_partials(acc, FV, m0, n0, pb, TP);
-                m3c_mma_tile(acc, AQKt, BY, m0, n0, m0, C);
-                for (int j = 0; j < 2; ++j) {
+    // dk~_s = sum_{t>s} DV_ts q_t + e^{cs_last - cs_s} G^T v_s, and
+    // dv_s = sum_{t>s} QK_ts dy_t + dg_s dy_s + e^{cs_last - cs_s} G k~_s.
+    const unsigned jobs_k = tc * TN, jobs = jobs_k + tc * TP;
+    for (unsigned job = warp; job < jobs; job += M3C_WARPS) {
+        M3cAcc acc;
+        m3c_zero(acc);
+        if (job < jobs_k) {
+            const unsigned rb = job / TN, nb = job % TN, m0 = rb * 16, n0 = nb * M3C_JOB_COLS;
+            const unsigned ncols = min(M3C_JOB_COLS, N - n0);
+            m3c_gemm<false, false>(acc, V, PS, X, NS, m0, n0, 0, P, ncols);
+            m3c_scale_rows(acc, dl, m0);
+            m3c_gemm<true, false>(acc, DV, CS, Q, NS, m0, n0, m0, C, ncols);
+            m3c_row_dots(acc, kin + row0 * hn + h * N, hn, m0, n0, ncols, L, pc + nb * C);
+            m3c_scale_rows(acc, sc, m0);
+            m3c_store_f32(acc, dk + row0 * hn + h * N, hn, m0, n0, ncols, L);
+        } else {
+            const unsigned jv = job - jobs_k, rb = jv / TP, pbk = jv % TP, m0 = rb * 16, n0 = pbk * M3C_JOB_COLS;
+            const unsigned ncols = min(M3C_JOB_COLS, P - n0);
+            m3c_gemm<false, true>(acc, K, NS, X, NS, m0, n0, 0, N, ncols);
+            m3c_scale_rows(acc, dl, m0);
+            m3c_row_dots(acc, vf, d.width, m0, n0, ncols, L, pb + pbk * C);
+            m3c_gemm<true, false>(acc, QK, CS, DY, PS, m0, n0, m0, C, ncols);
+            float* out = dproj + row0 * d.width + d.off_x + h * P;
+#pragma unroll
+            for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+                if (8u * j < ncols) {
+#pragma unroll
                     for (int r = 0; r < 4; ++r) {
                         const unsigned s = m3c_row(m0, r), p = m3c_col(n0, j, r);
                         if (s < L) {
-                            dproj[(row0 + s) * d.width + d.off_x + h * P + p] =
-                                fmaf(dg[s], DY[s * PS + p], acc.acc[j][r]);
+                            out[s * (unsigned long long)d.width + p] =
+                                fmaf(dg[s], dyf[s * (unsigned long long)d.d_inner + p], acc.v[j][r]);
                         }
                     }
                 }
@@ -656,29 +780,35 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         }
     }
     __syncthreads();
-    // Per-position scalars, then the reverse cumsum of dL/dcs into dL/dadt.
+    // Per-position scalars: dL/dcs_t into prow[t], v . G k~ into pb[t].
     for (unsigned t = threadIdx.x; t < L; t += blockDim.x) {
         const unsigned long long rh = (row0 + t) * d.nheads + h;
-        float inter = 0.0f, vg = 0.0f, ds = 0.0f;
+        const unsigned tb = t / 16;
+        float pair = 0.0f, inter = 0.0f, ds = 0.0f, vg = 0.0f;
+        for (unsigned st = 0; st <= tb; ++st) {
+            pair += prow[st * C + t];
+        }
+        for (unsigned rb = tb; rb < tc; ++rb) {
+            pair -= pcol[rb * C + t];
+        }
         for (unsigned j = 0; j < TN; ++j) {
-            inter += pa[t * TN + j];
-            ds += pc[t * TN + j];
+            inter += pa[j * C + t];
+            ds += pc[j * C + t];
         }
         for (unsigned j = 0; j < TP; ++j) {
-            vg += pb[t * TP + j];
+            vg += pb[j * C + t];
         }
-        pr[t] += inter - vg;
-        // Kept for the chunk total below.
-        pb[t * TP] = vg;
+        prow[t] = pair + inter - vg;
+        pb[t] = vg;
         dqkdot[rh] = dyv[t];
         dscale[rh] = ds;
     }
     __syncthreads();
     if (warp == 0) {
-        float gsum = m3_warp_sum(lane < M3C_WARPS ? red[lane] : 0.0f);
+        const float gsum = m3_warp_sum(lane < M3C_WARPS ? red[lane] : 0.0f);
         float sum_vg = 0.0f, dd = 0.0f;
         for (unsigned t = lane; t < L; t += 32) {
-            sum_vg += pb[t * TP];
+            sum_vg += pb[t];
             dd += dyv[t];
         }
         sum_vg = m3_warp_sum(sum_vg);
@@ -686,7 +816,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         // The last position also drives e^{cs_last} in front of S_c and of
         // every e^{cs_last - cs_s}.
         if (lane == 0) {
-            pr[L - 1] += expf(cs[L - 1]) * gsum + sum_vg;
+            prow[L - 1] += expf(cs[C]) * gsum + sum_vg;
         }
         __syncwarp();
         // dL/dadt_t = sum_{u >= t} dL/dcs_u: suffix sums 32 positions at a
@@ -694,7 +824,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         float carry = 0.0f;
         for (unsigned end = L; end > 0; end = end > 32 ? end - 32 : 0) {
             const unsigned first = end > 32 ? end - 32 : 0, t = first + lane;
-            float v = t < end ? pr[t] : 0.0f;
+            float v = t < end ? prow[t] : 0.0f;
             for (unsigned o = 1; o < 32; o <<= 1) {
                 const float n = __shfl_down_sync(0xffffffffu, v, o);
                 if (lane + o < 32) {
@@ -708,7 +838,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
             carry = __shfl_sync(0xffffffffu, v, 0);
         }
         if (lane == 0) {
-            dskip_part[((unsigned long long)b * d.nchunks + c) * d.nheads + h] = dd;
+            dskip_part[((unsigned long long)k.b * d.nchunks + k.c) * d.nheads + h] = dd;
         }
     }
 }

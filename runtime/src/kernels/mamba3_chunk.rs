@@ -5,15 +5,17 @@
 //! one block that walks every chunk, so a step has only `B x H` blocks and
 //! does its chunk products with scalar FMAs from shared memory. Here every
 //! (chunk, batch row, head) gets a block, the products run as bf16
-//! `mma.sync` with f32 accumulation, and only the `P x N` state recurrence is
+//! `mma.sync` with f32 accumulation on operands staged once as bf16 tiles
+//! and loaded with `ldmatrix`, and only the `P x N` state recurrence is
 //! walked serially (by [`CHUNK_PASS_THREADS`]-thread blocks, one thread per
 //! state element). Forward: chunk states, the walk, the outputs. Backward:
 //! chunk dL/dS contributions, the reverse walk into `gstates`, the
 //! gradients.
 //!
-//! The kernels need C, N and P to be multiples of 16 and their shared tiles
-//! to fit one SM; [`supported`] says whether a shape qualifies, and the
-//! model falls back to the scalar scan when it does not.
+//! The kernels need C and P to be multiples of 16 up to 64, N a multiple
+//! of 16, and their shared tiles to fit one SM; [`supported`] says whether a
+//! shape qualifies, and the model falls back to the scalar scan when it
+//! does not.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg as _};
 
@@ -24,57 +26,70 @@ use crate::device::{DeviceBuffer, Gpu, GpuError, to_u32};
 
 /// Threads of the per-chunk kernels; must equal `M3C_THREADS` in
 /// `kernels/mamba3_chunk.cu` (a unit test checks).
-pub const CHUNK_THREADS: u32 = 512;
+pub const CHUNK_THREADS: u32 = 256;
 
 /// Threads of the state walk; must equal `M3C_PASS_THREADS`.
 pub const CHUNK_PASS_THREADS: u32 = 256;
 
-/// Row padding of every shared tile, in floats (`M3C_PAD`).
+/// Row padding of every bf16 shared tile, in elements (`M3C_PAD`).
 const PAD: usize = 8;
 
 /// Warps of a per-chunk block.
-const WARPS: usize = 16;
+const WARPS: usize = 8;
+
+/// Output columns of one warp job (`M3C_JOB_COLS`).
+const JOB_COLS: usize = 32;
+
+/// Largest chunk and head width the kernels keep in registers
+/// (`M3C_MAX_TILE`).
+const MAX_TILE: usize = 64;
 
 /// Most blocks a launch may put on grid axis y (B x H here).
 const MAX_GRID_Y: usize = 65_535;
 
-fn tiles(sh: &Mamba3Shape) -> (usize, usize, usize) {
-    (sh.chunk, sh.d_state + PAD, sh.headdim + PAD)
+/// Bytes of a bf16 tile of `rows` rows of `cols` columns (row stride
+/// `cols + PAD`).
+fn bf16_tile(rows: usize, cols: usize) -> usize {
+    2 * rows * (cols + PAD)
 }
 
-/// Dynamic shared memory of `m3c_chunk_state`, in bytes.
+/// Dynamic shared memory of `m3c_chunk_state`, in bytes: the weighted x
+/// rows and the key/query rows (bf16), then `cs` (C + 1) and the weights.
 pub fn state_smem(sh: &Mamba3Shape) -> usize {
-    let (c, ns, ps) = tiles(sh);
-    4 * (c * ps + c * ns + 2 * c)
+    let (c, n, p) = (sh.chunk, sh.d_state, sh.headdim);
+    bf16_tile(c, p) + bf16_tile(c, n) + 4 * (2 * c + 1)
 }
 
-/// Dynamic shared memory of `m3c_scan_out`, in bytes.
+/// Dynamic shared memory of `m3c_scan_out`, in bytes: q, k~, v, the state
+/// and the score tile (bf16), then `cs` (C + 1) and three per-row scalars.
 pub fn out_smem(sh: &Mamba3Shape) -> usize {
-    let (c, ns, ps) = tiles(sh);
-    4 * (2 * c * ns + c * ps + sh.headdim * ns + c * (c + PAD) + 4 * c)
+    let (c, n, p) = (sh.chunk, sh.d_state, sh.headdim);
+    2 * bf16_tile(c, n) + bf16_tile(c, p) + bf16_tile(p, n) + bf16_tile(c, c) + 4 * (4 * c + 1)
 }
 
-/// Dynamic shared memory of `m3c_scan_bwd`, in bytes.
+/// Dynamic shared memory of `m3c_scan_bwd`, in bytes: q, k~, v, dy, the
+/// state (then its gradient) and two score tiles (bf16), then `cs` (C + 1),
+/// five per-row scalars, the per-job partial sums and one float per warp.
 pub fn bwd_smem(sh: &Mamba3Shape) -> usize {
-    let (c, ns, ps) = tiles(sh);
-    let (tn, tp) = (sh.d_state / 16, sh.headdim / 16);
-    4 * (2 * c * ns
-        + 2 * c * ps
-        + sh.headdim * ns
-        + 2 * c * (c + PAD)
-        + 7 * c
-        + c * (2 * tn + tp)
-        + WARPS)
+    let (c, n, p) = (sh.chunk, sh.d_state, sh.headdim);
+    let (tc, tn, tp) = (c / 16, n.div_ceil(JOB_COLS), p.div_ceil(JOB_COLS));
+    2 * bf16_tile(c, n)
+        + 2 * bf16_tile(c, p)
+        + bf16_tile(p, n)
+        + 2 * bf16_tile(c, c)
+        + 4 * ((c + 1) + 5 * c + 2 * tc * c + 2 * tn * c + tp * c + WARPS)
 }
 
-/// Whether the chunk-parallel scan can run shape `sh`: C, N and P multiples
-/// of 16, every kernel's shared tiles within one SM, and B x H within a grid
-/// axis.
+/// Whether the chunk-parallel scan can run shape `sh`: C and P multiples
+/// of 16 up to 64 (their tiles live in registers), N a multiple of 16,
+/// every kernel's shared tiles within one SM, and B x H within a grid axis.
 pub fn supported(sh: &Mamba3Shape) -> bool {
-    let mult16 = [sh.chunk, sh.d_state, sh.headdim]
-        .iter()
-        .all(|&x| x > 0 && x % 16 == 0);
-    mult16
+    let tile = |x: usize| x > 0 && x % 16 == 0;
+    tile(sh.chunk)
+        && tile(sh.headdim)
+        && tile(sh.d_state)
+        && sh.chunk <= MAX_TILE
+        && sh.headdim <= MAX_TILE
         && [state_smem(sh), out_smem(sh), bwd_smem(sh)]
             .iter()
             .all(|&b| b <= MAX_SCAN_SMEM)
@@ -117,7 +132,7 @@ pub fn prepare(gpu: &Gpu) -> Result<(), GpuError> {
 
 fn unsupported(sh: &Mamba3Shape) -> GpuError {
     GpuError::BufferTooSmall {
-        what: "chunk scan: shared memory per block, or C/N/P not multiples of 16",
+        what: "chunk scan: shared memory per block, or C/P not multiples of 16 up to 64, or N not a multiple of 16",
         need: bwd_smem(sh).max(out_smem(sh)),
         have: MAX_SCAN_SMEM,
     }
@@ -310,6 +325,8 @@ mod tests {
         assert!(src.contains(&format!("#define M3C_THREADS {CHUNK_THREADS}")));
         assert!(src.contains(&format!("#define M3C_PASS_THREADS {CHUNK_PASS_THREADS}")));
         assert!(src.contains(&format!("#define M3C_PAD {PAD}")));
+        assert!(src.contains(&format!("#define M3C_JOB_COLS {JOB_COLS}")));
+        assert!(src.contains(&format!("#define M3C_MAX_TILE {MAX_TILE}")));
         assert!(src.contains("#define M3C_WARPS (M3C_THREADS / 32)"));
         assert_eq!(usize::try_from(CHUNK_THREADS / 32).ok(), Some(WARPS));
     }
@@ -329,6 +346,17 @@ mod tests {
         let sh = shape(128, 64, 64);
         assert!(supported(&sh), "bwd {} B", bwd_smem(&sh));
         assert!(bwd_smem(&sh) > out_smem(&sh));
+        // Two backward and three forward blocks share an SM (227 KiB).
+        assert!(
+            2 * (bwd_smem(&sh) + 1024) <= 232_448,
+            "bwd {} B",
+            bwd_smem(&sh)
+        );
+        assert!(
+            3 * (out_smem(&sh) + 1024) <= 232_448,
+            "out {} B",
+            out_smem(&sh)
+        );
     }
 
     #[test]
@@ -336,7 +364,9 @@ mod tests {
         assert!(!supported(&shape(128, 64, 8)));
         assert!(!supported(&shape(40, 64, 64)));
         assert!(!supported(&shape(128, 4, 64)));
-        assert!(!supported(&shape(512, 64, 64)));
+        assert!(!supported(&shape(128, 128, 64)));
+        assert!(!supported(&shape(128, 64, 128)));
+        assert!(!supported(&shape(1024, 64, 64)));
     }
 
     #[test]
