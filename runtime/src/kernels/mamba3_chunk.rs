@@ -84,7 +84,7 @@ pub fn bwd_smem(sh: &Mamba3Shape) -> usize {
 /// of 16 up to 64 (their tiles live in registers), N a multiple of 16,
 /// every kernel's shared tiles within one SM, and B x H within a grid axis.
 pub fn supported(sh: &Mamba3Shape) -> bool {
-    let tile = |x: usize| x > 0 && x % 16 == 0;
+    let tile = |x: usize| x > 0 && x.is_multiple_of(16);
     tile(sh.chunk)
         && tile(sh.headdim)
         && tile(sh.d_state)
