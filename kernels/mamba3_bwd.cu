@@ -106,14 +106,16 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
 
 // One warp per (row, head), one lane per pair. In: dq/dk with respect to the
 // rotated q/k. Out (in place): the gradients with respect to the unrotated
-// biased key/query, including the diagonal term's gamma (q̂ . k̂) share, and
-// dphi[rows, H, S].
+// biased key/query, including the diagonal term's gamma (q^ . k^) share, and
+// dphi[rows, H, S]. The rotated q/k that dphi needs are rebuilt here from
+// proj (m3_hat, m3_rotate: the values m3_qk_fwd writes), so neither step has
+// to keep or re-read per-head q/k for this pass.
 template <typename T>
 __device__ void rot_bwd(const T* __restrict__ proj, const float* __restrict__ rstd_b,
                         const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
                         const float* __restrict__ c_norm, const float* __restrict__ b_bias,
-                        const float* __restrict__ c_bias, const float* __restrict__ phi, const T* __restrict__ q,
-                        const T* __restrict__ k, const float* __restrict__ dt, const float* __restrict__ lam,
+                        const float* __restrict__ c_bias, const float* __restrict__ phi,
+                        const float* __restrict__ dt, const float* __restrict__ lam,
                         const float* __restrict__ dqkdot, float* __restrict__ dq, float* __restrict__ dk,
                         float* __restrict__ dphi, M3Dims d) {
     const unsigned lane = threadIdx.x % 32;
@@ -132,19 +134,21 @@ __device__ void rot_bwd(const T* __restrict__ proj, const float* __restrict__ rs
             unsigned j0 = 2 * i, j1 = 2 * i + 1;
             unsigned long long e0 = w * d.d_state + j0, e1 = e0 + 1;
             float gk0 = dk[e0], gk1 = dk[e1], gq0 = dq[e0], gq1 = dq[e1];
+            const float kb0 = m3_hat((float)pr[d.off_b + g * d.d_state + j0], rb, b_norm[j0], b_bias[h * d.d_state + j0]);
+            const float kb1 = m3_hat((float)pr[d.off_b + g * d.d_state + j1], rb, b_norm[j1], b_bias[h * d.d_state + j1]);
+            const float qb0 = m3_hat((float)pr[d.off_c + g * d.d_state + j0], rc, c_norm[j0], c_bias[h * d.d_state + j0]);
+            const float qb1 = m3_hat((float)pr[d.off_c + g * d.d_state + j1], rc, c_norm[j1], c_bias[h * d.d_state + j1]);
             if (i < d.angles) {
-                float k0 = (float)k[e0], k1 = (float)k[e1], q0 = (float)q[e0], q1 = (float)q[e1];
-                dphi[w * d.angles + i] = -gk0 * k1 + gk1 * k0 - gq0 * q1 + gq1 * q0;
                 float sn, cs;
                 sincosf(phi[w * d.angles + i], &sn, &cs);
+                float k0 = kb0, k1 = kb1, q0 = qb0, q1 = qb1;
+                m3_rotate(k0, k1, sn, cs);
+                m3_rotate(q0, q1, sn, cs);
+                dphi[w * d.angles + i] = -gk0 * k1 + gk1 * k0 - gq0 * q1 + gq1 * q0;
                 float a0 = cs * gk0 + sn * gk1, a1 = -sn * gk0 + cs * gk1;
                 float b0 = cs * gq0 + sn * gq1, b1 = -sn * gq0 + cs * gq1;
                 gk0 = a0; gk1 = a1; gq0 = b0; gq1 = b1;
             }
-            float kb0 = (float)pr[d.off_b + g * d.d_state + j0] * rb * b_norm[j0] + b_bias[h * d.d_state + j0];
-            float kb1 = (float)pr[d.off_b + g * d.d_state + j1] * rb * b_norm[j1] + b_bias[h * d.d_state + j1];
-            float qb0 = (float)pr[d.off_c + g * d.d_state + j0] * rc * c_norm[j0] + c_bias[h * d.d_state + j0];
-            float qb1 = (float)pr[d.off_c + g * d.d_state + j1] * rc * c_norm[j1] + c_bias[h * d.d_state + j1];
             dk[e0] = fmaf(dqk, qb0, gk0);
             dk[e1] = fmaf(dqk, qb1, gk1);
             dq[e0] = fmaf(dqk, kb0, gq0);
@@ -157,10 +161,9 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     m3_rot_bwd_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b, const float* __restrict__ rstd_c,
                    const float* __restrict__ b_norm, const float* __restrict__ c_norm,
                    const float* __restrict__ b_bias, const float* __restrict__ c_bias, const float* __restrict__ phi,
-                   const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ dt,
-                   const float* __restrict__ lam, const float* __restrict__ dqkdot, float* __restrict__ dq,
-                   float* __restrict__ dk, float* __restrict__ dphi, M3Dims d) {
-    rot_bwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, dt, lam, dqkdot, dq, dk, dphi, d);
+                   const float* __restrict__ dt, const float* __restrict__ lam, const float* __restrict__ dqkdot,
+                   float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dphi, M3Dims d) {
+    rot_bwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, dt, lam, dqkdot, dq, dk, dphi, d);
 }
 
 // The reverse cumsum over t of dphi, in place (phi_t sums dt_r theta_r over

@@ -305,6 +305,114 @@ __device__ __forceinline__ void m3c_stage(const float* __restrict__ src, unsigne
     }
 }
 
+// Stages head h's rotated keys (into kd, each row times kscale[r]: k~)
+// and/or queries (into qd) for the chunk's rows, built from their sources
+// with the arithmetic of m3_qk_fwd (m3_hat, m3_rotate), so the tiles hold
+// exactly what rounding that kernel's outputs would give; one sincos per
+// (row, pair) serves both. Tiles have row stride N + M3C_PAD; rows past L
+// are zero. A null destination is skipped.
+__device__ __forceinline__ void m3c_stage_qk(const M3QkSrc& src, const M3Dims& d, unsigned long long row0,
+                                             unsigned h, unsigned L, unsigned C, const float* kscale, m3c_bf* kd,
+                                             m3c_bf* qd) {
+    const unsigned N = d.d_state, half = N / 2, total = C * half, ws = N + M3C_PAD;
+    const unsigned g = h / (d.nheads / d.ngroups);
+    const float* bb = src.b_bias + (unsigned long long)h * N;
+    const float* cb = src.c_bias + (unsigned long long)h * N;
+    for (unsigned i0 = threadIdx.x; i0 < total; i0 += 4 * blockDim.x) {
+        float2 xb[4], xc[4];
+        float rb[4], rc[4], ph[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const unsigned i = i0 + j * blockDim.x, r = i / half, p = i % half;
+            const bool live = i < total && r < L;
+            const unsigned long long row = row0 + r;
+            const float* pr = src.proj + row * d.width + g * N + 2 * p;
+            xb[j] = live && kd != nullptr ? make_float2(pr[d.off_b], pr[d.off_b + 1]) : make_float2(0.0f, 0.0f);
+            xc[j] = live && qd != nullptr ? make_float2(pr[d.off_c], pr[d.off_c + 1]) : make_float2(0.0f, 0.0f);
+            rb[j] = live ? src.rstd_b[row * d.ngroups + g] : 0.0f;
+            rc[j] = live ? src.rstd_c[row * d.ngroups + g] : 0.0f;
+            ph[j] = live && p < d.angles ? src.phi[(row * d.nheads + h) * d.angles + p] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const unsigned i = i0 + j * blockDim.x, r = i / half, p = i % half;
+            if (i >= total) {
+                continue;
+            }
+            float k0 = 0.0f, k1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
+            if (r < L) {
+                k0 = m3_hat(xb[j].x, rb[j], src.b_norm[2 * p], bb[2 * p]);
+                k1 = m3_hat(xb[j].y, rb[j], src.b_norm[2 * p + 1], bb[2 * p + 1]);
+                q0 = m3_hat(xc[j].x, rc[j], src.c_norm[2 * p], cb[2 * p]);
+                q1 = m3_hat(xc[j].y, rc[j], src.c_norm[2 * p + 1], cb[2 * p + 1]);
+                if (p < d.angles) {
+                    float sn, cs;
+                    sincosf(ph[j], &sn, &cs);
+                    m3_rotate(k0, k1, sn, cs);
+                    m3_rotate(q0, q1, sn, cs);
+                }
+            }
+            if (kd != nullptr) {
+                const float sc = kscale != nullptr ? kscale[r] : 1.0f;
+                *reinterpret_cast<unsigned*>(kd + r * ws + 2 * p) = m3c_pack(sc * k0, sc * k1);
+            }
+            if (qd != nullptr) {
+                *reinterpret_cast<unsigned*>(qd + r * ws + 2 * p) = m3c_pack(q0, q1);
+            }
+        }
+    }
+}
+
+// Row dots of a job's tile (rows m0.., N-columns n0..) with head h's
+// rotated keys (which 0) or queries (which 1) in f32, rebuilt per pair as
+// m3c_stage_qk builds them (accumulator elements r and r + 1 of a lane are
+// one rotation pair); the same fixed-order quad sum as m3c_row_dots.
+__device__ __forceinline__ void m3c_row_dots_qk(const M3cAcc& c, const M3QkSrc& src, const M3Dims& d,
+                                                unsigned long long row0, unsigned h, unsigned which, unsigned m0,
+                                                unsigned n0, unsigned ncols, unsigned L, float* part) {
+    const unsigned N = d.d_state, g = h / (d.nheads / d.ngroups);
+    const unsigned off = (which == 0 ? d.off_b : d.off_c) + g * N;
+    const float* rstd = which == 0 ? src.rstd_b : src.rstd_c;
+    const float* w = which == 0 ? src.b_norm : src.c_norm;
+    const float* bias = (which == 0 ? src.b_bias : src.c_bias) + (unsigned long long)h * N;
+    float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+    for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+        if (8u * j < ncols) {
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const unsigned t = m3c_row(m0, 2 * hr), n = m3c_col(n0, j, 2 * hr), p = n / 2;
+                if (t < L) {
+                    const unsigned long long row = row0 + t;
+                    const float* pr = src.proj + row * d.width + off + n;
+                    const float rs = rstd[row * d.ngroups + g];
+                    float a = m3_hat(pr[0], rs, w[n], bias[n]);
+                    float b = m3_hat(pr[1], rs, w[n + 1], bias[n + 1]);
+                    if (p < d.angles) {
+                        float sn, cs;
+                        sincosf(src.phi[(row * d.nheads + h) * d.angles + p], &sn, &cs);
+                        m3_rotate(a, b, sn, cs);
+                    }
+                    const float v = fmaf(c.v[j][2 * hr + 1], b, c.v[j][2 * hr] * a);
+                    if (hr == 0) {
+                        lo += v;
+                    } else {
+                        hi += v;
+                    }
+                }
+            }
+        }
+    }
+    lo += __shfl_xor_sync(0xffffffffu, lo, 1);
+    lo += __shfl_xor_sync(0xffffffffu, lo, 2);
+    hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+    hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+    if ((threadIdx.x % 32) % 4 == 0) {
+        part[m3c_row(m0, 0)] = lo;
+        part[m3c_row(m0, 2)] = hi;
+    }
+}
+
 // Stores a job's tile as bf16 into a tile of row stride ld.
 __device__ __forceinline__ void m3c_store_bf(const M3cAcc& c, m3c_bf* t, unsigned ld, unsigned m0, unsigned n0,
                                              unsigned ncols) {
@@ -358,9 +466,10 @@ __device__ __forceinline__ M3cBlock m3c_block(const M3Dims& d) {
 // out[((b H + h) nchunks + c), P, N]:
 //   mode 0 (forward):  sum_s e^{cs_last - cs_s} scale_s v_s k_s^T
 //   mode 1 (backward): sum_t e^{cs_t} dy_t q_t^T
-// x is proj (its x columns) or dy; yv is k or q [rows, H, N].
+// x is proj (its x columns) or dy; the keys (mode 0) or queries (mode 1)
+// are built from qk.
 extern "C" __global__ void __launch_bounds__(M3C_THREADS)
-    m3c_chunk_state(const float* __restrict__ x, unsigned x_stride, unsigned x_off, const float* __restrict__ yv,
+    m3c_chunk_state(const float* __restrict__ x, unsigned x_stride, unsigned x_off, M3QkSrc qk,
                     const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                     float* __restrict__ out, M3Dims d, unsigned mode) {
     extern __shared__ __align__(16) unsigned char m3c_sm[];
@@ -390,7 +499,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     }
     __syncthreads();
     m3c_stage(x, k.row0, x_stride, (unsigned long long)x_off + k.h * P, P, k.L, C, w, X);
-    m3c_stage(yv, k.row0, (unsigned long long)d.nheads * N, (unsigned long long)k.h * N, N, k.L, C, nullptr, Y);
+    m3c_stage_qk(qk, d, k.row0, k.h, k.L, C, nullptr, mode == 0 ? Y : nullptr, mode == 0 ? nullptr : Y);
     __syncthreads();
     float* o = out + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N;
     const unsigned tn = (N + M3C_JOB_COLS - 1) / M3C_JOB_COLS, jobs = (P / 16) * tn;
@@ -405,12 +514,14 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     }
 }
 
-// The serial walk over chunks, one thread per state element. On entry
-// buf[bh, c] holds chunk c's own contribution; on exit
+// The serial walk over chunks, four state elements a thread (16-byte
+// loads and stores). On entry buf[bh, c] holds chunk c's own contribution;
+// on exit
 //   dir 0: the state entering chunk c    (S_0 = 0, S_{c+1} = e^{cs_last} S_c + own_c)
 //   dir 1: dL/d(state leaving chunk c)   (G_last = 0, G_{c-1} = e^{cs_last} G_c + own_c)
-// Chunk totals come from m3c_warp_cumsum, as in the chunk kernels.
-// Dynamic shared memory: nchunks floats.
+// Chunk totals come from m3c_warp_cumsum, as in the chunk kernels; every
+// block recomputes them for its (b, h), so fewer, wider threads also mean
+// fewer copies of that prologue. Dynamic shared memory: nchunks floats.
 extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
     m3c_state_pass(const float* __restrict__ adt, float* __restrict__ buf, M3Dims d, unsigned dir) {
     extern __shared__ float decay[];
@@ -424,28 +535,30 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
         }
     }
     __syncthreads();
-    const unsigned long long pn = (unsigned long long)d.headdim * d.d_state;
+    const unsigned long long pn4 = (unsigned long long)d.headdim * d.d_state / 4;
     const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= pn) {
+    if (i >= pn4) {
         return;
     }
-    float* base = buf + (unsigned long long)bh * d.nchunks * pn + i;
+    float4* base = reinterpret_cast<float4*>(buf) + (unsigned long long)bh * d.nchunks * pn4 + i;
     // Chunks in batches whose loads are all issued before the walk uses them.
     const unsigned nc = d.nchunks;
-    float s = 0.0f;
-    for (unsigned k0 = 0; k0 < nc; k0 += 8) {
-        float own[8];
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (unsigned k0 = 0; k0 < nc; k0 += 4) {
+        float4 own[4];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 4; ++j) {
             const unsigned k = k0 + j, c = dir == 0 ? k : nc - 1 - k;
-            own[j] = k < nc ? base[c * pn] : 0.0f;
+            own[j] = k < nc ? base[c * pn4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 4; ++j) {
             const unsigned k = k0 + j, c = dir == 0 ? k : nc - 1 - k;
             if (k < nc) {
-                base[c * pn] = s;
-                s = fmaf(decay[c], s, own[j]);
+                base[c * pn4] = s;
+                const float e = decay[c];
+                s = make_float4(fmaf(e, s.x, own[j].x), fmaf(e, s.y, own[j].y), fmaf(e, s.z, own[j].z),
+                                fmaf(e, s.w, own[j].w));
             }
         }
     }
@@ -455,8 +568,7 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
 //   y_t = e^{cs_t} S_c q_t + sum_{s<t} e^{cs_t - cs_s} (q_t . k~_s) v_s + dg_t v_t
 // with the diagonal dg_t v_t added in f32 after the products.
 extern "C" __global__ void __launch_bounds__(M3C_THREADS)
-    m3c_scan_out(const float* __restrict__ q, const float* __restrict__ kin, const float* __restrict__ proj,
-                 const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+    m3c_scan_out(M3QkSrc qk, const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                  const float* __restrict__ qk_raw, const float* __restrict__ dskip,
                  const float* __restrict__ states, float* __restrict__ y, M3Dims d) {
     extern __shared__ __align__(16) unsigned char m3c_sm[];
@@ -492,9 +604,8 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         ecs[t] = e;
     }
     __syncthreads();
-    const unsigned long long hn = (unsigned long long)d.nheads * N;
-    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
-    m3c_stage(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
+    const float* proj = qk.proj;
+    m3c_stage_qk(qk, d, row0, h, L, C, sc, K, Q);
     m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
     m3c_stage(states + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N, 0, N, 0, N, P, P, nullptr, S);
     __syncthreads();
@@ -552,8 +663,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
 // the same outputs as m3_scan_bwd_f32 except the D gradient, whose partial
 // sums land per chunk: dskip_part[(b nchunks + c) H + h].
 extern "C" __global__ void __launch_bounds__(M3C_THREADS)
-    m3c_scan_bwd(const float* __restrict__ q, const float* __restrict__ kin, const float* __restrict__ proj,
-                 const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+    m3c_scan_bwd(M3QkSrc qk, const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                  const float* __restrict__ qk_raw, const float* __restrict__ dskip,
                  const float* __restrict__ states, const float* __restrict__ gstates, const float* __restrict__ dy,
                  float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dproj,
@@ -608,11 +718,11 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         dl[t] = l;
     }
     __syncthreads();
+    const float* proj = qk.proj;
     const float* vf = proj + row0 * d.width + d.off_x + h * P;  // v rows, f32
     const float* dyf = dy + row0 * d.d_inner + h * P;           // dy rows, f32
     const unsigned long long st_off = ((unsigned long long)k.bh * d.nchunks + k.c) * P * N;
-    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
-    m3c_stage(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
+    m3c_stage_qk(qk, d, row0, h, L, C, sc, K, Q);
     m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
     m3c_stage(dy, row0, d.d_inner, (unsigned long long)h * P, P, L, C, nullptr, DY);
     m3c_stage(states + st_off, 0, N, 0, N, P, P, nullptr, X);
@@ -700,7 +810,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         m3c_zero(acc);
         m3c_gemm<false, false>(acc, DY, PS, X, NS, m0, n0, 0, P, ncols);
         m3c_scale_rows(acc, ecs, m0);
-        m3c_row_dots(acc, q + row0 * hn + h * N, hn, m0, n0, ncols, L, pa + nb * C);
+        m3c_row_dots_qk(acc, qk, d, row0, h, 1, m0, n0, ncols, L, pa + nb * C);
         m3c_gemm<false, false>(acc, DV, CS, K, NS, m0, n0, 0, m0 + 16, ncols);
         m3c_store_f32(acc, dq + row0 * hn + h * N, hn, m0, n0, ncols, L);
     }
@@ -753,7 +863,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
             m3c_gemm<false, false>(acc, V, PS, X, NS, m0, n0, 0, P, ncols);
             m3c_scale_rows(acc, dl, m0);
             m3c_gemm<true, false>(acc, DV, CS, Q, NS, m0, n0, m0, C, ncols);
-            m3c_row_dots(acc, kin + row0 * hn + h * N, hn, m0, n0, ncols, L, pc + nb * C);
+            m3c_row_dots_qk(acc, qk, d, row0, h, 0, m0, n0, ncols, L, pc + nb * C);
             m3c_scale_rows(acc, sc, m0);
             m3c_store_f32(acc, dk + row0 * hn + h * N, hn, m0, n0, ncols, L);
         } else {

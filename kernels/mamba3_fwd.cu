@@ -167,8 +167,10 @@ extern "C" __global__ void __launch_bounds__(M3_ANGLE_THREADS)
 
 // One warp per (row, head), one lane per interleaved pair: the biased,
 // normalised key/query of the head's group, their unrotated dot product, and
-// the rotation of the first S pairs by +phi.
-template <typename T>
+// (WRITE_QK) the rotation of the first S pairs by +phi into q and k. The
+// chunk scan builds its rotated keys and queries itself, so the bf16 step
+// only needs the dot (m3_qk_raw_f32).
+template <typename T, bool WRITE_QK>
 __device__ void qk_fwd(const T* __restrict__ proj, const float* __restrict__ rstd_b, const float* __restrict__ rstd_c,
                        const float* __restrict__ b_norm, const float* __restrict__ c_norm,
                        const float* __restrict__ b_bias, const float* __restrict__ c_bias,
@@ -188,23 +190,24 @@ __device__ void qk_fwd(const T* __restrict__ proj, const float* __restrict__ rst
         float dot = 0.0f;
         for (unsigned i = lane; 2 * i < d.d_state; i += 32) {
             unsigned j0 = 2 * i, j1 = 2 * i + 1;
-            float kb0 = (float)pr[d.off_b + g * d.d_state + j0] * rb * b_norm[j0] + b_bias[h * d.d_state + j0];
-            float kb1 = (float)pr[d.off_b + g * d.d_state + j1] * rb * b_norm[j1] + b_bias[h * d.d_state + j1];
-            float qb0 = (float)pr[d.off_c + g * d.d_state + j0] * rc * c_norm[j0] + c_bias[h * d.d_state + j0];
-            float qb1 = (float)pr[d.off_c + g * d.d_state + j1] * rc * c_norm[j1] + c_bias[h * d.d_state + j1];
+            float kb0 = m3_hat((float)pr[d.off_b + g * d.d_state + j0], rb, b_norm[j0], b_bias[h * d.d_state + j0]);
+            float kb1 = m3_hat((float)pr[d.off_b + g * d.d_state + j1], rb, b_norm[j1], b_bias[h * d.d_state + j1]);
+            float qb0 = m3_hat((float)pr[d.off_c + g * d.d_state + j0], rc, c_norm[j0], c_bias[h * d.d_state + j0]);
+            float qb1 = m3_hat((float)pr[d.off_c + g * d.d_state + j1], rc, c_norm[j1], c_bias[h * d.d_state + j1]);
             dot = fmaf(qb0, kb0, dot);
             dot = fmaf(qb1, kb1, dot);
-            if (i < d.angles) {
-                float sn, cs;
-                sincosf(phi[w * d.angles + i], &sn, &cs);
-                float k0 = kb0 * cs - kb1 * sn, k1 = kb0 * sn + kb1 * cs;
-                float q0 = qb0 * cs - qb1 * sn, q1 = qb0 * sn + qb1 * cs;
-                kb0 = k0; kb1 = k1; qb0 = q0; qb1 = q1;
+            if (WRITE_QK) {
+                if (i < d.angles) {
+                    float sn, cs;
+                    sincosf(phi[w * d.angles + i], &sn, &cs);
+                    m3_rotate(kb0, kb1, sn, cs);
+                    m3_rotate(qb0, qb1, sn, cs);
+                }
+                k[w * d.d_state + j0] = (T)kb0;
+                k[w * d.d_state + j1] = (T)kb1;
+                q[w * d.d_state + j0] = (T)qb0;
+                q[w * d.d_state + j1] = (T)qb1;
             }
-            k[w * d.d_state + j0] = (T)kb0;
-            k[w * d.d_state + j1] = (T)kb1;
-            q[w * d.d_state + j0] = (T)qb0;
-            q[w * d.d_state + j1] = (T)qb1;
         }
         dot = m3_warp_sum(dot);
         if (lane == 0) {
@@ -219,7 +222,15 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
                   const float* __restrict__ b_bias, const float* __restrict__ c_bias,
                   const float* __restrict__ phi, float* __restrict__ q, float* __restrict__ k,
                   float* __restrict__ qk_raw, M3Dims d) {
-    qk_fwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
+    qk_fwd<float, true>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_qk_raw_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b, const float* __restrict__ rstd_c,
+                  const float* __restrict__ b_norm, const float* __restrict__ c_norm,
+                  const float* __restrict__ b_bias, const float* __restrict__ c_bias, float* __restrict__ qk_raw,
+                  M3Dims d) {
+    qk_fwd<float, false>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, nullptr, nullptr, nullptr, qk_raw, d);
 }
 
 // One warp per (row, head): o = y' * silu(z), y' = y, or with the output norm

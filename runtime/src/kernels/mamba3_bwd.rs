@@ -234,7 +234,9 @@ pub fn scan_bwd(
 }
 
 /// Rotation backward: un-rotates `dq`/`dk` in place (adding the diagonal
-/// term's share) and writes `dphi`.
+/// term's share) and writes `dphi`. `fwd` is `[phi, dt, lam]`; the rotated
+/// q/k that `dphi` needs are rebuilt from `proj`, so no per-head q/k is
+/// read.
 #[allow(clippy::too_many_arguments)]
 pub fn rot_bwd(
     gpu: &Gpu,
@@ -242,7 +244,7 @@ pub fn rot_bwd(
     proj: &DeviceBuffer<f32>,
     rstd: [&DeviceBuffer<f32>; 2],
     params: BcParams<'_>,
-    fwd: [&DeviceBuffer<f32>; 5],
+    fwd: [&DeviceBuffer<f32>; 3],
     dqkdot: &DeviceBuffer<f32>,
     dq: &mut DeviceBuffer<f32>,
     dk: &mut DeviceBuffer<f32>,
@@ -251,7 +253,7 @@ pub fn rot_bwd(
     let d = sh.dims()?;
     let [rb, rc] = rstd;
     let [bn, cn, bb, cb] = params;
-    let [phi, q, k, dt, lam] = fwd;
+    let [phi, dt, lam] = fwd;
     let hn = sh.per_row(sh.nheads * sh.d_state)?;
     let rh = sh.per_row(sh.nheads)?;
     let hs = sh.per_row(sh.nheads * sh.angles)?;
@@ -263,8 +265,6 @@ pub fn rot_bwd(
     need(gpu, "rot_bwd: B_bias", bb, sh.nheads * sh.d_state)?;
     need(gpu, "rot_bwd: C_bias", cb, sh.nheads * sh.d_state)?;
     need(gpu, "rot_bwd: phi", phi, hs)?;
-    need(gpu, "rot_bwd: q", q, hn)?;
-    need(gpu, "rot_bwd: k", k, hn)?;
     need(gpu, "rot_bwd: dt", dt, rh)?;
     need(gpu, "rot_bwd: lam", lam, rh)?;
     need(gpu, "rot_bwd: dqkdot", dqkdot, rh)?;
@@ -279,11 +279,7 @@ pub fn rot_bwd(
         .arg(bb.slice()?)
         .arg(cb.slice()?)
         .arg(phi.slice()?);
-    b.arg(q.slice()?)
-        .arg(k.slice()?)
-        .arg(dt.slice()?)
-        .arg(lam.slice()?)
-        .arg(dqkdot.slice()?);
+    b.arg(dt.slice()?).arg(lam.slice()?).arg(dqkdot.slice()?);
     b.arg(dq.slice_mut()?)
         .arg(dk.slice_mut()?)
         .arg(dphi.slice_mut()?)

@@ -193,34 +193,25 @@ fn mixer_forward<T: Compute>(
     )?;
     probe.enter(gpu, S, "angle cumsum fwd")?;
     k::angle_fwd(gpu, sh, &la.dt, &la.theta, &mut la.phi)?;
-    probe.enter(gpu, E, "qk norm + rotate fwd")?;
-    k::qk_fwd(
-        gpu,
-        sh,
-        &la.proj,
-        &la.rstd_b,
-        &la.rstd_c,
-        [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
-        &la.phi,
-        q,
-        k_rot,
-        &mut la.qk_raw,
-    )?;
-    probe.enter(gpu, S, "scan fwd")?;
-    let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
+    let src = k::QkSources {
+        proj: &la.proj,
+        rstd: [&la.rstd_b, &la.rstd_c],
+        params: [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
+        phi: &la.phi,
+    };
     if T::TENSOR_CORE_SCAN && kc::supported(sh) {
-        kc::scan_fwd(
-            gpu,
-            sh,
-            q,
-            k_rot,
-            &la.proj,
-            scalars,
-            &lw.d,
-            &mut la.y,
-            &mut la.states,
-        )?;
+        // The chunk scan builds its rotated keys and queries in place: only
+        // the diagonal's unrotated dot products are kept.
+        probe.enter(gpu, E, "qk norm dot fwd")?;
+        k::qk_raw(gpu, sh, &src, &mut la.qk_raw)?;
+        let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
+        probe.enter(gpu, S, "scan fwd")?;
+        kc::scan_fwd(gpu, sh, &src, scalars, &lw.d, &mut la.y, &mut la.states)?;
     } else {
+        probe.enter(gpu, E, "qk norm + rotate fwd")?;
+        k::qk_fwd(gpu, sh, &src, q, k_rot, &mut la.qk_raw)?;
+        let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
+        probe.enter(gpu, S, "scan fwd")?;
         k::scan_fwd(
             gpu,
             sh,
