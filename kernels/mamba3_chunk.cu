@@ -176,29 +176,35 @@ __device__ __forceinline__ void m3c_scale_rows(M3cAcc& c, const float* s, unsign
     }
 }
 
-// Row dots of a job's tile with an f32 matrix in global memory
-// (x[row * ld + col]) over its `ncols` columns, summed over the quad in a
-// fixed order; lanes with t == 0 store rows m0 + g and m0 + g + 8 into
-// part[row].
-__device__ __forceinline__ void m3c_row_dots(const M3cAcc& c, const float* __restrict__ x, unsigned long long ld,
-                                             unsigned m0, unsigned n0, unsigned ncols, unsigned L, float* part) {
+// A job's view of an f32 matrix in global memory (x[row * ld + col], rows
+// < L, zero elsewhere), laid out like its accumulators. Loaded before a
+// job's products so the loads overlap them (a row dot or an epilogue
+// term reads it after).
+struct M3cSide {
+    float v[M3C_JOB_COLS / 8][4];
+};
+
+__device__ __forceinline__ void m3c_side_load(M3cSide& o, const float* __restrict__ x, unsigned long long ld,
+                                              unsigned m0, unsigned n0, unsigned ncols, unsigned L) {
+#pragma unroll
+    for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const unsigned row = m3c_row(m0, r);
+            o.v[j][r] = 8u * j < ncols && row < L ? x[row * ld + m3c_col(n0, j, r)] : 0.0f;
+        }
+    }
+}
+
+// Row dots of a job's tile with a loaded side matrix, summed over the
+// quad in a fixed order; lanes with t == 0 store rows m0 + g and
+// m0 + g + 8 into part[row].
+__device__ __forceinline__ void m3c_row_dots(const M3cAcc& c, const M3cSide& x, unsigned m0, float* part) {
     float lo = 0.0f, hi = 0.0f;
 #pragma unroll
     for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
-        if (8u * j < ncols) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const unsigned row = m3c_row(m0, r);
-                if (row < L) {
-                    const float v = c.v[j][r] * x[row * ld + m3c_col(n0, j, r)];
-                    if (r < 2) {
-                        lo += v;
-                    } else {
-                        hi += v;
-                    }
-                }
-            }
-        }
+        lo = fmaf(c.v[j][1], x.v[j][1], fmaf(c.v[j][0], x.v[j][0], lo));
+        hi = fmaf(c.v[j][3], x.v[j][3], fmaf(c.v[j][2], x.v[j][2], hi));
     }
     lo += __shfl_xor_sync(0xffffffffu, lo, 1);
     lo += __shfl_xor_sync(0xffffffffu, lo, 2);
@@ -305,114 +311,6 @@ __device__ __forceinline__ void m3c_stage(const float* __restrict__ src, unsigne
     }
 }
 
-// Stages head h's rotated keys (into kd, each row times kscale[r]: k~)
-// and/or queries (into qd) for the chunk's rows, built from their sources
-// with the arithmetic of m3_qk_fwd (m3_hat, m3_rotate), so the tiles hold
-// exactly what rounding that kernel's outputs would give; one sincos per
-// (row, pair) serves both. Tiles have row stride N + M3C_PAD; rows past L
-// are zero. A null destination is skipped.
-__device__ __forceinline__ void m3c_stage_qk(const M3QkSrc& src, const M3Dims& d, unsigned long long row0,
-                                             unsigned h, unsigned L, unsigned C, const float* kscale, m3c_bf* kd,
-                                             m3c_bf* qd) {
-    const unsigned N = d.d_state, half = N / 2, total = C * half, ws = N + M3C_PAD;
-    const unsigned g = h / (d.nheads / d.ngroups);
-    const float* bb = src.b_bias + (unsigned long long)h * N;
-    const float* cb = src.c_bias + (unsigned long long)h * N;
-    for (unsigned i0 = threadIdx.x; i0 < total; i0 += 4 * blockDim.x) {
-        float2 xb[4], xc[4];
-        float rb[4], rc[4], ph[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const unsigned i = i0 + j * blockDim.x, r = i / half, p = i % half;
-            const bool live = i < total && r < L;
-            const unsigned long long row = row0 + r;
-            const float* pr = src.proj + row * d.width + g * N + 2 * p;
-            xb[j] = live && kd != nullptr ? make_float2(pr[d.off_b], pr[d.off_b + 1]) : make_float2(0.0f, 0.0f);
-            xc[j] = live && qd != nullptr ? make_float2(pr[d.off_c], pr[d.off_c + 1]) : make_float2(0.0f, 0.0f);
-            rb[j] = live ? src.rstd_b[row * d.ngroups + g] : 0.0f;
-            rc[j] = live ? src.rstd_c[row * d.ngroups + g] : 0.0f;
-            ph[j] = live && p < d.angles ? src.phi[(row * d.nheads + h) * d.angles + p] : 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const unsigned i = i0 + j * blockDim.x, r = i / half, p = i % half;
-            if (i >= total) {
-                continue;
-            }
-            float k0 = 0.0f, k1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
-            if (r < L) {
-                k0 = m3_hat(xb[j].x, rb[j], src.b_norm[2 * p], bb[2 * p]);
-                k1 = m3_hat(xb[j].y, rb[j], src.b_norm[2 * p + 1], bb[2 * p + 1]);
-                q0 = m3_hat(xc[j].x, rc[j], src.c_norm[2 * p], cb[2 * p]);
-                q1 = m3_hat(xc[j].y, rc[j], src.c_norm[2 * p + 1], cb[2 * p + 1]);
-                if (p < d.angles) {
-                    float sn, cs;
-                    sincosf(ph[j], &sn, &cs);
-                    m3_rotate(k0, k1, sn, cs);
-                    m3_rotate(q0, q1, sn, cs);
-                }
-            }
-            if (kd != nullptr) {
-                const float sc = kscale != nullptr ? kscale[r] : 1.0f;
-                *reinterpret_cast<unsigned*>(kd + r * ws + 2 * p) = m3c_pack(sc * k0, sc * k1);
-            }
-            if (qd != nullptr) {
-                *reinterpret_cast<unsigned*>(qd + r * ws + 2 * p) = m3c_pack(q0, q1);
-            }
-        }
-    }
-}
-
-// Row dots of a job's tile (rows m0.., N-columns n0..) with head h's
-// rotated keys (which 0) or queries (which 1) in f32, rebuilt per pair as
-// m3c_stage_qk builds them (accumulator elements r and r + 1 of a lane are
-// one rotation pair); the same fixed-order quad sum as m3c_row_dots.
-__device__ __forceinline__ void m3c_row_dots_qk(const M3cAcc& c, const M3QkSrc& src, const M3Dims& d,
-                                                unsigned long long row0, unsigned h, unsigned which, unsigned m0,
-                                                unsigned n0, unsigned ncols, unsigned L, float* part) {
-    const unsigned N = d.d_state, g = h / (d.nheads / d.ngroups);
-    const unsigned off = (which == 0 ? d.off_b : d.off_c) + g * N;
-    const float* rstd = which == 0 ? src.rstd_b : src.rstd_c;
-    const float* w = which == 0 ? src.b_norm : src.c_norm;
-    const float* bias = (which == 0 ? src.b_bias : src.c_bias) + (unsigned long long)h * N;
-    float lo = 0.0f, hi = 0.0f;
-#pragma unroll
-    for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
-        if (8u * j < ncols) {
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                const unsigned t = m3c_row(m0, 2 * hr), n = m3c_col(n0, j, 2 * hr), p = n / 2;
-                if (t < L) {
-                    const unsigned long long row = row0 + t;
-                    const float* pr = src.proj + row * d.width + off + n;
-                    const float rs = rstd[row * d.ngroups + g];
-                    float a = m3_hat(pr[0], rs, w[n], bias[n]);
-                    float b = m3_hat(pr[1], rs, w[n + 1], bias[n + 1]);
-                    if (p < d.angles) {
-                        float sn, cs;
-                        sincosf(src.phi[(row * d.nheads + h) * d.angles + p], &sn, &cs);
-                        m3_rotate(a, b, sn, cs);
-                    }
-                    const float v = fmaf(c.v[j][2 * hr + 1], b, c.v[j][2 * hr] * a);
-                    if (hr == 0) {
-                        lo += v;
-                    } else {
-                        hi += v;
-                    }
-                }
-            }
-        }
-    }
-    lo += __shfl_xor_sync(0xffffffffu, lo, 1);
-    lo += __shfl_xor_sync(0xffffffffu, lo, 2);
-    hi += __shfl_xor_sync(0xffffffffu, hi, 1);
-    hi += __shfl_xor_sync(0xffffffffu, hi, 2);
-    if ((threadIdx.x % 32) % 4 == 0) {
-        part[m3c_row(m0, 0)] = lo;
-        part[m3c_row(m0, 2)] = hi;
-    }
-}
-
 // Stores a job's tile as bf16 into a tile of row stride ld.
 __device__ __forceinline__ void m3c_store_bf(const M3cAcc& c, m3c_bf* t, unsigned ld, unsigned m0, unsigned n0,
                                              unsigned ncols) {
@@ -466,10 +364,9 @@ __device__ __forceinline__ M3cBlock m3c_block(const M3Dims& d) {
 // out[((b H + h) nchunks + c), P, N]:
 //   mode 0 (forward):  sum_s e^{cs_last - cs_s} scale_s v_s k_s^T
 //   mode 1 (backward): sum_t e^{cs_t} dy_t q_t^T
-// x is proj (its x columns) or dy; the keys (mode 0) or queries (mode 1)
-// are built from qk.
+// x is proj (its x columns) or dy; yv is k or q [rows, H, N].
 extern "C" __global__ void __launch_bounds__(M3C_THREADS)
-    m3c_chunk_state(const float* __restrict__ x, unsigned x_stride, unsigned x_off, M3QkSrc qk,
+    m3c_chunk_state(const float* __restrict__ x, unsigned x_stride, unsigned x_off, const float* __restrict__ yv,
                     const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                     float* __restrict__ out, M3Dims d, unsigned mode) {
     extern __shared__ __align__(16) unsigned char m3c_sm[];
@@ -499,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     }
     __syncthreads();
     m3c_stage(x, k.row0, x_stride, (unsigned long long)x_off + k.h * P, P, k.L, C, w, X);
-    m3c_stage_qk(qk, d, k.row0, k.h, k.L, C, nullptr, mode == 0 ? Y : nullptr, mode == 0 ? nullptr : Y);
+    m3c_stage(yv, k.row0, (unsigned long long)d.nheads * N, (unsigned long long)k.h * N, N, k.L, C, nullptr, Y);
     __syncthreads();
     float* o = out + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N;
     const unsigned tn = (N + M3C_JOB_COLS - 1) / M3C_JOB_COLS, jobs = (P / 16) * tn;
@@ -568,7 +465,8 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
 //   y_t = e^{cs_t} S_c q_t + sum_{s<t} e^{cs_t - cs_s} (q_t . k~_s) v_s + dg_t v_t
 // with the diagonal dg_t v_t added in f32 after the products.
 extern "C" __global__ void __launch_bounds__(M3C_THREADS)
-    m3c_scan_out(M3QkSrc qk, const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+    m3c_scan_out(const float* __restrict__ q, const float* __restrict__ kin, const float* __restrict__ proj,
+                 const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                  const float* __restrict__ qk_raw, const float* __restrict__ dskip,
                  const float* __restrict__ states, float* __restrict__ y, M3Dims d) {
     extern __shared__ __align__(16) unsigned char m3c_sm[];
@@ -604,8 +502,9 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         ecs[t] = e;
     }
     __syncthreads();
-    const float* proj = qk.proj;
-    m3c_stage_qk(qk, d, row0, h, L, C, sc, K, Q);
+    const unsigned long long hn = (unsigned long long)d.nheads * N;
+    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
+    m3c_stage(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
     m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
     m3c_stage(states + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N, 0, N, 0, N, P, P, nullptr, S);
     __syncthreads();
@@ -637,6 +536,8 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     for (unsigned job = warp; job < tc * tp; job += M3C_WARPS) {
         const unsigned m0 = (job / tp) * 16, n0 = (job % tp) * M3C_JOB_COLS;
         const unsigned ncols = min(M3C_JOB_COLS, P - n0);
+        M3cSide v;
+        m3c_side_load(v, vf, d.width, m0, n0, ncols, L);
         M3cAcc acc;
         m3c_zero(acc);
         m3c_gemm<false, true>(acc, Q, NS, S, NS, m0, n0, 0, N, ncols);
@@ -649,8 +550,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
                 for (int r = 0; r < 4; ++r) {
                     const unsigned t = m3c_row(m0, r), p = m3c_col(n0, j, r);
                     if (t < L) {
-                        yo[t * (unsigned long long)d.d_inner + p] =
-                            fmaf(dg[t], vf[t * (unsigned long long)d.width + p], acc.v[j][r]);
+                        yo[t * (unsigned long long)d.d_inner + p] = fmaf(dg[t], v.v[j][r], acc.v[j][r]);
                     }
                 }
             }
@@ -663,7 +563,8 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
 // the same outputs as m3_scan_bwd_f32 except the D gradient, whose partial
 // sums land per chunk: dskip_part[(b nchunks + c) H + h].
 extern "C" __global__ void __launch_bounds__(M3C_THREADS)
-    m3c_scan_bwd(M3QkSrc qk, const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+    m3c_scan_bwd(const float* __restrict__ q, const float* __restrict__ kin, const float* __restrict__ proj,
+                 const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                  const float* __restrict__ qk_raw, const float* __restrict__ dskip,
                  const float* __restrict__ states, const float* __restrict__ gstates, const float* __restrict__ dy,
                  float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dproj,
@@ -718,11 +619,11 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         dl[t] = l;
     }
     __syncthreads();
-    const float* proj = qk.proj;
     const float* vf = proj + row0 * d.width + d.off_x + h * P;  // v rows, f32
     const float* dyf = dy + row0 * d.d_inner + h * P;           // dy rows, f32
     const unsigned long long st_off = ((unsigned long long)k.bh * d.nchunks + k.c) * P * N;
-    m3c_stage_qk(qk, d, row0, h, L, C, sc, K, Q);
+    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
+    m3c_stage(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
     m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
     m3c_stage(dy, row0, d.d_inner, (unsigned long long)h * P, P, L, C, nullptr, DY);
     m3c_stage(states + st_off, 0, N, 0, N, P, P, nullptr, X);
@@ -806,11 +707,13 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     for (unsigned job = warp; job < tc * TN; job += M3C_WARPS) {
         const unsigned rb = job / TN, nb = job % TN, m0 = rb * 16, n0 = nb * M3C_JOB_COLS;
         const unsigned ncols = min(M3C_JOB_COLS, N - n0);
+        M3cSide qv;
+        m3c_side_load(qv, q + row0 * hn + h * N, hn, m0, n0, ncols, L);
         M3cAcc acc;
         m3c_zero(acc);
         m3c_gemm<false, false>(acc, DY, PS, X, NS, m0, n0, 0, P, ncols);
         m3c_scale_rows(acc, ecs, m0);
-        m3c_row_dots_qk(acc, qk, d, row0, h, 1, m0, n0, ncols, L, pa + nb * C);
+        m3c_row_dots(acc, qv, m0, pa + nb * C);
         m3c_gemm<false, false>(acc, DV, CS, K, NS, m0, n0, 0, m0 + 16, ncols);
         m3c_store_f32(acc, dq + row0 * hn + h * N, hn, m0, n0, ncols, L);
     }
@@ -857,21 +760,26 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     for (unsigned job = warp; job < jobs; job += M3C_WARPS) {
         M3cAcc acc;
         m3c_zero(acc);
+        M3cSide side;
         if (job < jobs_k) {
             const unsigned rb = job / TN, nb = job % TN, m0 = rb * 16, n0 = nb * M3C_JOB_COLS;
             const unsigned ncols = min(M3C_JOB_COLS, N - n0);
+            m3c_side_load(side, kin + row0 * hn + h * N, hn, m0, n0, ncols, L);
             m3c_gemm<false, false>(acc, V, PS, X, NS, m0, n0, 0, P, ncols);
             m3c_scale_rows(acc, dl, m0);
             m3c_gemm<true, false>(acc, DV, CS, Q, NS, m0, n0, m0, C, ncols);
-            m3c_row_dots_qk(acc, qk, d, row0, h, 0, m0, n0, ncols, L, pc + nb * C);
+            m3c_row_dots(acc, side, m0, pc + nb * C);
             m3c_scale_rows(acc, sc, m0);
             m3c_store_f32(acc, dk + row0 * hn + h * N, hn, m0, n0, ncols, L);
         } else {
             const unsigned jv = job - jobs_k, rb = jv / TP, pbk = jv % TP, m0 = rb * 16, n0 = pbk * M3C_JOB_COLS;
             const unsigned ncols = min(M3C_JOB_COLS, P - n0);
+            m3c_side_load(side, vf, d.width, m0, n0, ncols, L);
+            M3cSide dys;
+            m3c_side_load(dys, dyf, d.d_inner, m0, n0, ncols, L);
             m3c_gemm<false, true>(acc, K, NS, X, NS, m0, n0, 0, N, ncols);
             m3c_scale_rows(acc, dl, m0);
-            m3c_row_dots(acc, vf, d.width, m0, n0, ncols, L, pb + pbk * C);
+            m3c_row_dots(acc, side, m0, pb + pbk * C);
             m3c_gemm<true, false>(acc, QK, CS, DY, PS, m0, n0, m0, C, ncols);
             float* out = dproj + row0 * d.width + d.off_x + h * P;
 #pragma unroll
@@ -881,8 +789,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
                     for (int r = 0; r < 4; ++r) {
                         const unsigned s = m3c_row(m0, r), p = m3c_col(n0, j, r);
                         if (s < L) {
-                            out[s * (unsigned long long)d.width + p] =
-                                fmaf(dg[s], dyf[s * (unsigned long long)d.d_inner + p], acc.v[j][r]);
+                            out[s * (unsigned long long)d.width + p] = fmaf(dg[s], dys.v[j][r], acc.v[j][r]);
                         }
                     }
                 }

@@ -115,25 +115,10 @@ struct M3Dims {
     unsigned a_act;                 // f of A = -max(f(dd_A), A_floor): 0 heavy-tail, 1 softplus
 };
 
-// Where the rotated keys and queries come from, for kernels that build
-// them in place instead of reading them from memory (the chunk scan): the
-// in_proj output [rows, E], the B/C norms' rstd [rows, G], their weights
-// [N], the biases [H, N] and the angles phi [rows, H, S]. Passed by value;
-// mirrored field for field by `M3QkSrc` in runtime/src/kernels/mamba3_chunk.rs.
-struct M3QkSrc {
-    const float* proj;
-    const float* rstd_b;
-    const float* rstd_c;
-    const float* b_norm;
-    const float* c_norm;
-    const float* b_bias;
-    const float* c_bias;
-    const float* phi;
-};
-
 // One element of the biased, normalised key or query (B^, C^):
 // x * rstd * w + bias. Every kernel that builds keys or queries uses this
-// and m3_rotate, so they agree bit for bit.
+// and m3_rotate (m3_qk_fwd, and m3_rot_bwd, which rebuilds them instead of
+// reading them), so they agree bit for bit.
 __device__ __forceinline__ float m3_hat(float x, float rstd, float w, float bias) {
     return fmaf(x * rstd, w, bias);
 }

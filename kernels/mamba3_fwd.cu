@@ -167,10 +167,8 @@ extern "C" __global__ void __launch_bounds__(M3_ANGLE_THREADS)
 
 // One warp per (row, head), one lane per interleaved pair: the biased,
 // normalised key/query of the head's group, their unrotated dot product, and
-// (WRITE_QK) the rotation of the first S pairs by +phi into q and k. The
-// chunk scan builds its rotated keys and queries itself, so the bf16 step
-// only needs the dot (m3_qk_raw_f32).
-template <typename T, bool WRITE_QK>
+// the rotation of the first S pairs by +phi.
+template <typename T>
 __device__ void qk_fwd(const T* __restrict__ proj, const float* __restrict__ rstd_b, const float* __restrict__ rstd_c,
                        const float* __restrict__ b_norm, const float* __restrict__ c_norm,
                        const float* __restrict__ b_bias, const float* __restrict__ c_bias,
@@ -196,18 +194,16 @@ __device__ void qk_fwd(const T* __restrict__ proj, const float* __restrict__ rst
             float qb1 = m3_hat((float)pr[d.off_c + g * d.d_state + j1], rc, c_norm[j1], c_bias[h * d.d_state + j1]);
             dot = fmaf(qb0, kb0, dot);
             dot = fmaf(qb1, kb1, dot);
-            if (WRITE_QK) {
-                if (i < d.angles) {
-                    float sn, cs;
-                    sincosf(phi[w * d.angles + i], &sn, &cs);
-                    m3_rotate(kb0, kb1, sn, cs);
-                    m3_rotate(qb0, qb1, sn, cs);
-                }
-                k[w * d.d_state + j0] = (T)kb0;
-                k[w * d.d_state + j1] = (T)kb1;
-                q[w * d.d_state + j0] = (T)qb0;
-                q[w * d.d_state + j1] = (T)qb1;
+            if (i < d.angles) {
+                float sn, cs;
+                sincosf(phi[w * d.angles + i], &sn, &cs);
+                m3_rotate(kb0, kb1, sn, cs);
+                m3_rotate(qb0, qb1, sn, cs);
             }
+            k[w * d.d_state + j0] = (T)kb0;
+            k[w * d.d_state + j1] = (T)kb1;
+            q[w * d.d_state + j0] = (T)qb0;
+            q[w * d.d_state + j1] = (T)qb1;
         }
         dot = m3_warp_sum(dot);
         if (lane == 0) {
@@ -222,15 +218,7 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
                   const float* __restrict__ b_bias, const float* __restrict__ c_bias,
                   const float* __restrict__ phi, float* __restrict__ q, float* __restrict__ k,
                   float* __restrict__ qk_raw, M3Dims d) {
-    qk_fwd<float, true>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
-}
-
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
-    m3_qk_raw_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b, const float* __restrict__ rstd_c,
-                  const float* __restrict__ b_norm, const float* __restrict__ c_norm,
-                  const float* __restrict__ b_bias, const float* __restrict__ c_bias, float* __restrict__ qk_raw,
-                  M3Dims d) {
-    qk_fwd<float, false>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, nullptr, nullptr, nullptr, qk_raw, d);
+    qk_fwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
 }
 
 // One warp per (row, head): o = y' * silu(z), y' = y, or with the output norm

@@ -86,17 +86,19 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
     let sh = s.acts.shape;
     let (lw, la) = (&s.weights.layers[0], &s.acts.layers[0]);
     let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
-    // The chunk scan builds q and k from their sources; the scalar scan
-    // reads the ones the f32 forward pass wrote (one layer: layer 0's).
-    let src = k::QkSources {
-        proj: &la.proj,
-        rstd: [&la.rstd_b, &la.rstd_c],
-        params: [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
-        phi: &la.phi,
-    };
     if chunked {
-        kc::scan_fwd(gpu, &sh, &src, scalars, &lw.d, &mut o.y, &mut o.states)
-            .expect("chunk scan forward");
+        kc::scan_fwd(
+            gpu,
+            &sh,
+            &s.acts.q,
+            &s.acts.k,
+            &la.proj,
+            scalars,
+            &lw.d,
+            &mut o.y,
+            &mut o.states,
+        )
+        .expect("chunk scan forward");
     } else {
         k::scan_fwd(
             gpu,
@@ -125,7 +127,9 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
         kc::scan_bwd(
             gpu,
             &sh,
-            &src,
+            &s.acts.q,
+            &s.acts.k,
+            &la.proj,
             scalars,
             &lw.d,
             &o.states,

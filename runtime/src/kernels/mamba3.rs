@@ -367,8 +367,7 @@ pub type BcParams<'a> = [&'a DeviceBuffer<f32>; 4];
 
 /// Where the rotated keys and queries come from: the in_proj output, the
 /// B/C norms' rstd `[rows, G]`, `[B_norm, C_norm, B_bias, C_bias]` and the
-/// angles `phi` `[rows, H, S]`. Kernels that build q/k in place (the chunk
-/// scan) take it as one by-value [`M3QkSrc`].
+/// angles `phi` `[rows, H, S]`.
 #[derive(Clone, Copy)]
 pub struct QkSources<'a> {
     /// `proj` `[rows, E]`.
@@ -395,54 +394,7 @@ impl QkSources<'_> {
         need(gpu, "qk: C_bias", cb, sh.nheads * sh.d_state)?;
         need(gpu, "qk: phi", self.phi, sh.per_row(sh.nheads * sh.angles)?)
     }
-
-    /// The by-value kernel argument (device addresses; the borrows keep the
-    /// buffers alive for the launch, and a captured graph's guards snapshot
-    /// every one of them as a step buffer).
-    pub(crate) fn src(&self) -> M3QkSrc {
-        let [rb, rc] = self.rstd;
-        let [bn, cn, bb, cb] = self.params;
-        M3QkSrc {
-            proj: self.proj.device_addr(),
-            rstd_b: rb.device_addr(),
-            rstd_c: rc.device_addr(),
-            b_norm: bn.device_addr(),
-            c_norm: cn.device_addr(),
-            b_bias: bb.device_addr(),
-            c_bias: cb.device_addr(),
-            phi: self.phi.device_addr(),
-        }
-    }
 }
-
-/// The `M3QkSrc` struct of `kernels/mamba3_common.cuh` (eight device
-/// pointers), passed by value.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct M3QkSrc {
-    /// `proj`.
-    pub proj: u64,
-    /// `rstd_b`.
-    pub rstd_b: u64,
-    /// `rstd_c`.
-    pub rstd_c: u64,
-    /// `B_norm` weight.
-    pub b_norm: u64,
-    /// `C_norm` weight.
-    pub c_norm: u64,
-    /// `B_bias`.
-    pub b_bias: u64,
-    /// `C_bias`.
-    pub c_bias: u64,
-    /// `phi`.
-    pub phi: u64,
-}
-
-// SAFETY: `#[repr(C)]` with eight 8-byte fields (no padding), field for field
-// the `M3QkSrc` struct of mamba3_common.cuh (eight `const float*`, 8 bytes
-// each on the 64-bit targets CUDA supports), so its bytes are exactly what
-// the kernels read.
-unsafe impl DeviceRepr for M3QkSrc {}
 
 /// Rotated keys `k` and queries `q` `[rows, H, N]` and their unrotated dot
 /// products `qk_raw` `[rows, H]` (the scalar scan reads q and k).
@@ -477,34 +429,6 @@ pub fn qk_fwd(
     // weights [N], biases [H x N], phi [rows x H x S] and writes q/k
     // [rows x H x N] and qk_raw [rows x H]; all lengths checked.
     unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_qk_fwd_f32")?;
-    Ok(())
-}
-
-/// Only the unrotated dot products `qk_raw` `[rows, H]`: the chunk scan
-/// builds its rotated keys and queries itself.
-pub fn qk_raw(
-    gpu: &Gpu,
-    sh: &Mamba3Shape,
-    src: &QkSources<'_>,
-    qk_raw: &mut DeviceBuffer<f32>,
-) -> Result<(), GpuError> {
-    let d = sh.dims()?;
-    src.check(gpu, sh)?;
-    let [rb, rc] = src.rstd;
-    let [bn, cn, bb, cb] = src.params;
-    need(gpu, "qk: qk_raw", qk_raw, sh.per_row(sh.nheads)?)?;
-    let f = gpu.kernel("m3_qk_raw_f32")?;
-    let mut b = gpu.stream().launch_builder(f);
-    b.arg(src.proj.slice()?).arg(rb.slice()?).arg(rc.slice()?);
-    b.arg(bn.slice()?)
-        .arg(cn.slice()?)
-        .arg(bb.slice()?)
-        .arg(cb.slice()?);
-    b.arg(qk_raw.slice_mut()?).arg(&d);
-    // SAFETY: one warp per (row, head) reads proj's B/C columns, the norm
-    // weights [N] and biases [H x N], and writes qk_raw [rows x H]; all
-    // lengths checked.
-    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_qk_raw_f32")?;
     Ok(())
 }
 

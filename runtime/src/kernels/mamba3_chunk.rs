@@ -19,9 +19,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg as _};
 
-use super::mamba3::{
-    M3QkSrc, MAX_SCAN_SMEM, Mamba3Shape, QkSources, ScanScalars, check_scan_scalars, need,
-};
+use super::mamba3::{MAX_SCAN_SMEM, Mamba3Shape, ScanScalars, check_scan_inputs, need};
 use super::mamba3_bwd::ScanGrads;
 use crate::device::error::During as _;
 use crate::device::{DeviceBuffer, Gpu, GpuError, to_u32};
@@ -177,14 +175,13 @@ fn pass_cfg(sh: &Mamba3Shape) -> Result<LaunchConfig, GpuError> {
 /// Chunk contributions to a state recurrence, written into `out`
 /// `[B, H, nchunks, P, N]`, then walked into the per-chunk states (`dir` 0)
 /// or state gradients (`dir` 1). `x` is `proj` (x columns at `x_off`,
-/// forward) or `dy` (backward); the kernel builds the keys (`dir` 0) or
-/// queries (`dir` 1) from `qk`.
+/// forward) or `dy` (backward); `y` is `k` or `q`.
 #[allow(clippy::too_many_arguments)]
 fn states_and_walk(
     gpu: &Gpu,
     sh: &Mamba3Shape,
     x: (&DeviceBuffer<f32>, usize, usize),
-    qk: M3QkSrc,
+    y: &DeviceBuffer<f32>,
     scalars: ScanScalars<'_>,
     out: &mut DeviceBuffer<f32>,
     dir: u32,
@@ -199,15 +196,13 @@ fn states_and_walk(
     let cfg = per_chunk(gpu, sh, state_smem(sh))?;
     let f = gpu.kernel("m3c_chunk_state")?;
     let mut b = gpu.stream().launch_builder(f);
-    b.arg(xb.slice()?).arg(&stride).arg(&off).arg(&qk);
+    b.arg(xb.slice()?).arg(&stride).arg(&off).arg(y.slice()?);
     b.arg(dt.slice()?).arg(adt.slice()?).arg(lam.slice()?);
     b.arg(out.slice_mut()?).arg(&d).arg(&dir);
     // SAFETY: block (c, b*H + h) reads rows [b T + c C, + C) of x (stride
-    // and offset checked by the callers against x's length), of the q/k
-    // sources (checked by the callers through `QkSources::check`, whose
-    // borrows outlive this call) and of the [rows, H] scalars, and writes
-    // its own P x N slice of `out` (length checked); shared memory is
-    // `state_smem`.
+    // and offset checked by the callers against x's length), of y
+    // [rows, H, N] and of the [rows, H] scalars, and writes its own P x N
+    // slice of `out` (length checked); shared memory is `state_smem`.
     unsafe { b.launch(cfg) }.during("launch m3c_chunk_state")?;
 
     let f = gpu.kernel("m3c_state_pass")?;
@@ -228,22 +223,22 @@ fn states_and_walk(
 pub fn scan_fwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
-    qk: &QkSources<'_>,
+    q: &DeviceBuffer<f32>,
+    k: &DeviceBuffer<f32>,
+    proj: &DeviceBuffer<f32>,
     scalars: ScanScalars<'_>,
     dskip: &DeviceBuffer<f32>,
     y: &mut DeviceBuffer<f32>,
     states: &mut DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
-    qk.check(gpu, sh)?;
-    check_scan_scalars(gpu, sh, scalars, dskip)?;
+    check_scan_inputs(gpu, sh, [q, k, proj], scalars, dskip)?;
     need(gpu, "chunk scan: y", y, sh.per_row(sh.d_inner)?)?;
     need(gpu, "chunk scan: states", states, state_elems(sh))?;
-    let src = qk.src();
     states_and_walk(
         gpu,
         sh,
-        (qk.proj, sh.width, sh.layout.x),
-        src,
+        (proj, sh.width, sh.layout.x),
+        k,
         scalars,
         states,
         0,
@@ -254,17 +249,16 @@ pub fn scan_fwd(
     let cfg = per_chunk(gpu, sh, out_smem(sh))?;
     let f = gpu.kernel("m3c_scan_out")?;
     let mut b = gpu.stream().launch_builder(f);
-    b.arg(&src);
+    b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
     b.arg(dt.slice()?)
         .arg(adt.slice()?)
         .arg(lam.slice()?)
         .arg(qk_raw.slice()?)
         .arg(dskip.slice()?);
     b.arg(states.slice()?).arg(y.slice_mut()?).arg(&d);
-    // SAFETY: block (c, b*H + h) reads its chunk's rows of the q/k sources
-    // (checked above, borrowed past the launch) and scalars, D[h] and its
-    // state slice, and writes its rows of y's head-h columns; all lengths
-    // checked above; shared memory is `out_smem`.
+    // SAFETY: block (c, b*H + h) reads its chunk's rows of q/k/proj/scalars,
+    // D[h] and its state slice, and writes its rows of y's head-h columns;
+    // all lengths checked above; shared memory is `out_smem`.
     unsafe { b.launch(cfg) }.during("launch m3c_scan_out")?;
     Ok(())
 }
@@ -277,7 +271,9 @@ pub fn scan_fwd(
 pub fn scan_bwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
-    qk: &QkSources<'_>,
+    q: &DeviceBuffer<f32>,
+    k: &DeviceBuffer<f32>,
+    proj: &DeviceBuffer<f32>,
     scalars: ScanScalars<'_>,
     dskip: &DeviceBuffer<f32>,
     states: &DeviceBuffer<f32>,
@@ -285,21 +281,19 @@ pub fn scan_bwd(
     dy: &DeviceBuffer<f32>,
     out: ScanGrads<'_>,
 ) -> Result<(), GpuError> {
-    qk.check(gpu, sh)?;
-    check_scan_scalars(gpu, sh, scalars, dskip)?;
+    check_scan_inputs(gpu, sh, [q, k, proj], scalars, dskip)?;
     need(gpu, "chunk scan bwd: states", states, state_elems(sh))?;
     need(gpu, "chunk scan bwd: gstates", gstates, state_elems(sh))?;
     need(gpu, "chunk scan bwd: dy", dy, sh.per_row(sh.d_inner)?)?;
     out.check(gpu, sh, dskip_part_elems(sh))?;
-    let src = qk.src();
-    states_and_walk(gpu, sh, (dy, sh.d_inner, 0), src, scalars, gstates, 1)?;
+    states_and_walk(gpu, sh, (dy, sh.d_inner, 0), q, scalars, gstates, 1)?;
 
     let d = sh.dims()?;
     let [dt, adt, lam, qk_raw] = scalars;
     let cfg = per_chunk(gpu, sh, bwd_smem(sh))?;
     let f = gpu.kernel("m3c_scan_bwd")?;
     let mut b = gpu.stream().launch_builder(f);
-    b.arg(&src);
+    b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
     b.arg(dt.slice()?)
         .arg(adt.slice()?)
         .arg(lam.slice()?)
@@ -315,9 +309,8 @@ pub fn scan_bwd(
         .arg(out.dscale.slice_mut()?)
         .arg(out.dqkdot.slice_mut()?);
     b.arg(out.dskip_part.slice_mut()?).arg(&d);
-    // SAFETY: block (c, b*H + h) reads its chunk's rows of every input (the
-    // q/k sources checked above and borrowed past the launch) and its state
-    // slices, and writes its chunk's rows of the outputs and its
+    // SAFETY: block (c, b*H + h) reads its chunk's rows of every input and
+    // its state slices, and writes its chunk's rows of the outputs and its
     // own dD partial; all lengths checked above; shared memory is `bwd_smem`.
     unsafe { b.launch(cfg) }.during("launch m3c_scan_bwd")?;
     Ok(())
@@ -327,31 +320,6 @@ pub fn scan_bwd(
 mod tests {
     use super::*;
     use crate::mamba3::Mamba3Config;
-
-    #[test]
-    fn qk_sources_match_the_kernel_struct() {
-        // Eight `const float*` fields in mamba3_common.cuh, in this order.
-        let hdr = include_str!("../../../kernels/mamba3_common.cuh");
-        let body = hdr
-            .split("struct M3QkSrc {")
-            .nth(1)
-            .and_then(|b| b.split("};").next())
-            .expect("M3QkSrc in mamba3_common.cuh");
-        let fields: Vec<&str> = body
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("const float* "))
-            .map(|l| l.trim_end_matches(';'))
-            .collect();
-        assert_eq!(
-            fields,
-            [
-                "proj", "rstd_b", "rstd_c", "b_norm", "c_norm", "b_bias", "c_bias", "phi"
-            ]
-        );
-        assert_eq!(std::mem::size_of::<M3QkSrc>(), 64);
-        assert_eq!(std::mem::offset_of!(M3QkSrc, phi), 56);
-        assert_eq!(std::mem::offset_of!(M3QkSrc, b_norm), 24);
-    }
 
     #[test]
     fn thread_counts_match_the_kernel() {

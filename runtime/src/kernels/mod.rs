@@ -99,7 +99,6 @@ pub const MODULES: &[Module] = &[
             "m3_prep_f32",
             "m3_angle_fwd_f32",
             "m3_qk_fwd_f32",
-            "m3_qk_raw_f32",
             "m3_gate_fwd_f32",
             "m3_rmsnorm_fwd_bf16",
             "m3_gate_fwd_bf16",

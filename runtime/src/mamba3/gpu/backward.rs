@@ -244,12 +244,16 @@ fn mixer_backward<T: Compute>(
         kb::colsum(gpu, contrib, rows, di, di, 0, partials, gn)?;
     }
 
+    // The forward pass kept only the last block's rotated q and k.
+    probe.enter(gpu, E, "qk norm + rotate (recompute)")?;
     let src = kf::QkSources {
         proj: &la.proj,
         rstd: [&la.rstd_b, &la.rstd_c],
         params: [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
         phi: &la.phi,
     };
+    kf::qk_fwd(gpu, sh, &src, q, k, qk_raw)?;
+    let (q, k) = (&*q, &*k);
     let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
     let out = ScanGrads {
         dq: &mut *dq,
@@ -260,17 +264,14 @@ fn mixer_backward<T: Compute>(
         dqkdot: &mut *dqkdot,
         dskip_part: &mut *dskip_part,
     };
+    probe.enter(gpu, S, "scan bwd")?;
     // The chunk-parallel scan leaves one dD partial per (row, chunk, head).
     let dd_rows = if T::TENSOR_CORE_SCAN && kc::supported(sh) {
-        // It builds its rotated q and k in place, from `src`.
-        probe.enter(gpu, S, "scan bwd")?;
-        kc::scan_bwd(gpu, sh, &src, scalars, &lw.d, &la.states, gstates, dy, out)?;
+        kc::scan_bwd(
+            gpu, sh, q, k, &la.proj, scalars, &lw.d, &la.states, gstates, dy, out,
+        )?;
         sh.batch * sh.nchunks
     } else {
-        // The forward pass kept only the last block's rotated q and k.
-        probe.enter(gpu, E, "qk norm + rotate (recompute)")?;
-        kf::qk_fwd(gpu, sh, &src, q, k, qk_raw)?;
-        probe.enter(gpu, S, "scan bwd")?;
         kb::scan_bwd(gpu, sh, q, k, &la.proj, scalars, &lw.d, &la.states, dy, out)?;
         sh.batch
     };

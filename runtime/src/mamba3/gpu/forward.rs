@@ -193,37 +193,32 @@ fn mixer_forward<T: Compute>(
     )?;
     probe.enter(gpu, S, "angle cumsum fwd")?;
     k::angle_fwd(gpu, sh, &la.dt, &la.theta, &mut la.phi)?;
+    probe.enter(gpu, E, "qk norm + rotate fwd")?;
     let src = k::QkSources {
         proj: &la.proj,
         rstd: [&la.rstd_b, &la.rstd_c],
         params: [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
         phi: &la.phi,
     };
-    if T::TENSOR_CORE_SCAN && kc::supported(sh) {
-        // The chunk scan builds its rotated keys and queries in place: only
-        // the diagonal's unrotated dot products are kept.
-        probe.enter(gpu, E, "qk norm dot fwd")?;
-        k::qk_raw(gpu, sh, &src, &mut la.qk_raw)?;
-        let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
-        probe.enter(gpu, S, "scan fwd")?;
-        kc::scan_fwd(gpu, sh, &src, scalars, &lw.d, &mut la.y, &mut la.states)?;
+    k::qk_fwd(gpu, sh, &src, q, k_rot, &mut la.qk_raw)?;
+    probe.enter(gpu, S, "scan fwd")?;
+    let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
+    let scan = if T::TENSOR_CORE_SCAN && kc::supported(sh) {
+        kc::scan_fwd
     } else {
-        probe.enter(gpu, E, "qk norm + rotate fwd")?;
-        k::qk_fwd(gpu, sh, &src, q, k_rot, &mut la.qk_raw)?;
-        let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
-        probe.enter(gpu, S, "scan fwd")?;
-        k::scan_fwd(
-            gpu,
-            sh,
-            q,
-            k_rot,
-            &la.proj,
-            scalars,
-            &lw.d,
-            &mut la.y,
-            &mut la.states,
-        )?;
-    }
+        k::scan_fwd
+    };
+    scan(
+        gpu,
+        sh,
+        q,
+        k_rot,
+        &la.proj,
+        scalars,
+        &lw.d,
+        &mut la.y,
+        &mut la.states,
+    )?;
     probe.enter(gpu, E, "gate fwd")?;
     k::gate_fwd(
         gpu,
