@@ -225,10 +225,22 @@ __device__ __forceinline__ void m3c_row_dots(const M3cAcc& c, const M3cSide& x, 
 __device__ __forceinline__ float m3c_warp_cumsum(const float* __restrict__ adt, unsigned long long row0, unsigned h,
                                                  unsigned L, unsigned C, unsigned nheads, float* cs) {
     const unsigned lane = threadIdx.x % 32;
+    // C <= M3C_MAX_TILE: at most two segments, both loaded before either
+    // is scanned.
+    float seg[M3C_MAX_TILE / 32];
+#pragma unroll
+    for (int k = 0; k < M3C_MAX_TILE / 32; ++k) {
+        const unsigned t = 32 * k + lane;
+        seg[k] = t < L ? adt[(row0 + t) * nheads + h] : 0.0f;
+    }
     float carry = 0.0f;
-    for (unsigned base = 0; base < C; base += 32) {
-        const unsigned t = base + lane;
-        float v = t < L ? adt[(row0 + t) * nheads + h] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < M3C_MAX_TILE / 32; ++k) {
+        const unsigned t = 32 * k + lane;
+        if (32u * k >= C) {
+            break;
+        }
+        float v = seg[k];
         for (unsigned o = 1; o < 32; o <<= 1) {
             const float n = __shfl_up_sync(0xffffffffu, v, o);
             if (lane >= o) {
@@ -441,15 +453,15 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
     // Chunks in batches whose loads are all issued before the walk uses them.
     const unsigned nc = d.nchunks;
     float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (unsigned k0 = 0; k0 < nc; k0 += 4) {
-        float4 own[4];
+    for (unsigned k0 = 0; k0 < nc; k0 += 8) {
+        float4 own[8];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < 8; ++j) {
             const unsigned k = k0 + j, c = dir == 0 ? k : nc - 1 - k;
             own[j] = k < nc ? base[c * pn4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < 8; ++j) {
             const unsigned k = k0 + j, c = dir == 0 ? k : nc - 1 - k;
             if (k < nc) {
                 base[c * pn4] = s;
