@@ -16,3 +16,21 @@
                                 threadIdx.x;                                   \
          i < (unsigned long long)(n);                                          \
          i += (unsigned long long)gridDim.x * blockDim.x)
+
+// Sum over a block of SG_BLOCK threads in double, in a fixed shared-memory
+// tree (so the same inputs give the same bits); every thread must call it,
+// and it may be called again right away (it synchronizes on entry and exit).
+__device__ __forceinline__ double sg_block_sum_f64(double v, double* s) {
+    __syncthreads();
+    s[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned stride = SG_BLOCK / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) {
+            s[threadIdx.x] += s[threadIdx.x + stride];
+        }
+        __syncthreads();
+    }
+    const double r = s[0];
+    __syncthreads();
+    return r;
+}

@@ -27,23 +27,3 @@ extern "C" __global__ void m3_advance_schedule(const double* __restrict__ hyper,
     derived[6] = (float)(1.0 - b2);
     derived[7] = (float)eps;
 }
-
-// One tensor: decoupled decay (when `decay`), moment updates, parameter step.
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
-    m3_adamw_f32(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
-                 const float* __restrict__ derived, unsigned decay, unsigned n) {
-    const float step_size = derived[0], bc2s = derived[1], shrink = derived[2];
-    const float b1 = derived[3], ob1 = derived[4], b2 = derived[5], ob2 = derived[6], eps = derived[7];
-    SG_FOR_EACH(i, n) {
-        float pv = p[i];
-        const float gv = g[i];
-        if (decay) {
-            pv *= shrink;
-        }
-        const float mv = b1 * m[i] + ob1 * gv;
-        const float vv = b2 * v[i] + ob2 * gv * gv;
-        m[i] = mv;
-        v[i] = vv;
-        p[i] = pv - step_size * mv / (sqrtf(vv) / bc2s + eps);
-    }
-}

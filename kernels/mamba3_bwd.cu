@@ -333,37 +333,159 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     bcnorm_bwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, dkb, dqb, dproj, contrib_b, contrib_c, d);
 }
 
-// Column sums of x[rows, ld] (columns [off, off + cols)), pass 1: block
-// (bx, split) sums rows [split * rows_per_split, ...) of SG_BLOCK columns into
-// partials[split, cols].
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
-    m3_colsum_partials_f32(const float* __restrict__ x, unsigned rows, unsigned cols, unsigned ld, unsigned off,
-                           unsigned rows_per_split, float* __restrict__ partials) {
-    unsigned c = blockIdx.x * SG_BLOCK + threadIdx.x;
-    if (c >= cols) {
-        return;
+// Column sums of x[rows, ld] over columns [off, off + cols): out[c] =
+// sum_r x[r * ld + off + c], in two launches and a fixed order.
+//
+// Pass 1 (m3_colsum_partials_f32, _f32x4): block (split, cb) sums rows
+// [split * rows_per_split, ...) of columns [cb * 32 * VEC, ...) into
+// partials[split, :]. Lane l of each warp owns VEC adjacent columns (the x4
+// form reads them as one 16-byte load, so a warp reads 512 contiguous bytes
+// per row); warp w adds rows w, w + 8, ... of the split in order, and the 8
+// warp sums are added in warp order. Pass 2 (m3_colsum_finish_f32): warp w
+// adds splits w, w + 8, ... of its lane's column, and the 8 warp sums are
+// added in warp order. Which thread adds what depends only on the shape, so
+// the sums are bit-identical run to run and eager vs replayed.
+//
+// M3Colsum (M3_COLSUM_SIZE bytes, by value; mirrored in
+// runtime/src/kernels/mamba3_bwd.rs, whose test checks the size and the
+// M3_COLSUM_OFF_* offsets):
+//   rows, cols, ld, off   the input, as above
+//   rows_per_split        rows per pass-1 split
+//   splits                pass-1 splits (rows of partials)
+#define M3_COLSUM_WARPS (SG_BLOCK / 32)
+#define M3_COLSUM_SIZE 24
+#define M3_COLSUM_OFF_COLS 4
+#define M3_COLSUM_OFF_LD 8
+#define M3_COLSUM_OFF_OFF 12
+#define M3_COLSUM_OFF_ROWS_PER_SPLIT 16
+#define M3_COLSUM_OFF_SPLITS 20
+
+struct M3Colsum {
+    unsigned rows, cols, ld, off;
+    unsigned rows_per_split, splits;
+};
+static_assert(sizeof(M3Colsum) == M3_COLSUM_SIZE, "M3Colsum: six unsigned, no padding");
+
+// VEC adjacent floats from p (16-byte aligned when VEC is 4).
+template <int VEC>
+__device__ __forceinline__ void colsum_load(const float* p, float* v) {
+    if constexpr (VEC == 4) {
+        const float4 q = *(const float4*)p;
+        v[0] = q.x;
+        v[1] = q.y;
+        v[2] = q.z;
+        v[3] = q.w;
+    } else {
+        v[0] = *p;
     }
-    unsigned r0 = blockIdx.y * rows_per_split;
-    unsigned r1 = min(rows, r0 + rows_per_split);
-    float acc = 0.0f;
-    for (unsigned r = r0; r < r1; ++r) {
-        acc += x[(unsigned long long)r * ld + off + c];
-    }
-    partials[(unsigned long long)blockIdx.y * cols + c] = acc;
 }
 
-// Pass 2: out[c] = sum over splits of partials[split, c], in split order.
+template <int VEC>
+__device__ __forceinline__ void colsum_partials(const float* __restrict__ x, float* __restrict__ partials,
+                                                const M3Colsum& d) {
+    __shared__ float s[M3_COLSUM_WARPS][32 * VEC];
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const unsigned c0 = blockIdx.y * 32 * VEC;
+    const unsigned c = c0 + lane * VEC;
+    const unsigned r0 = blockIdx.x * d.rows_per_split;
+    const unsigned r1 = min(d.rows, r0 + d.rows_per_split);
+    float acc[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        acc[j] = 0.0f;
+    }
+    // The x4 form runs only when cols, ld and off are multiples of 4, so a
+    // lane's four columns are all in range when its first is.
+    if (c < d.cols) {
+        const float* col = x + d.off + c;
+        const unsigned long long ld = d.ld;
+        unsigned r = r0 + warp;
+        // Four rows per step with the loads issued before the adds, so four
+        // are in flight; the adds stay in ascending row order.
+        for (; r + 3 * M3_COLSUM_WARPS < r1; r += 4 * M3_COLSUM_WARPS) {
+            float v[4][VEC];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                colsum_load<VEC>(col + (unsigned long long)(r + k * M3_COLSUM_WARPS) * ld, v[k]);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+                    acc[j] += v[k][j];
+                }
+            }
+        }
+        for (; r < r1; r += M3_COLSUM_WARPS) {
+            float v[VEC];
+            colsum_load<VEC>(col + (unsigned long long)r * ld, v);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                acc[j] += v[j];
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        s[warp][lane * VEC + j] = acc[j];
+    }
+    __syncthreads();
+    if (threadIdx.x < 32 * VEC && c0 + threadIdx.x < d.cols) {
+        float sum = 0.0f;
+#pragma unroll
+        for (unsigned w = 0; w < M3_COLSUM_WARPS; ++w) {
+            sum += s[w][threadIdx.x];
+        }
+        partials[(unsigned long long)blockIdx.x * d.cols + c0 + threadIdx.x] = sum;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(SG_BLOCK)
-    m3_colsum_finish_f32(const float* __restrict__ partials, unsigned cols, unsigned splits, float* __restrict__ out) {
-    unsigned c = blockIdx.x * SG_BLOCK + threadIdx.x;
-    if (c >= cols) {
-        return;
-    }
+    m3_colsum_partials_f32(const float* __restrict__ x, float* __restrict__ partials, const M3Colsum d) {
+    colsum_partials<1>(x, partials, d);
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_colsum_partials_f32x4(const float* __restrict__ x, float* __restrict__ partials, const M3Colsum d) {
+    colsum_partials<4>(x, partials, d);
+}
+
+// Pass 2: block cb writes out[c] for the 32 columns c of [cb * 32, ...).
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_colsum_finish_f32(const float* __restrict__ partials, float* __restrict__ out, const M3Colsum d) {
+    __shared__ float s[M3_COLSUM_WARPS][32];
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const unsigned c = blockIdx.x * 32 + lane;
     float acc = 0.0f;
-    for (unsigned s = 0; s < splits; ++s) {
-        acc += partials[(unsigned long long)s * cols + c];
+    if (c < d.cols) {
+        const float* col = partials + c;
+        const unsigned long long ld = d.cols;
+        unsigned sp = warp;
+        for (; sp + 3 * M3_COLSUM_WARPS < d.splits; sp += 4 * M3_COLSUM_WARPS) {
+            float v[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                v[k] = col[(unsigned long long)(sp + k * M3_COLSUM_WARPS) * ld];
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                acc += v[k];
+            }
+        }
+        for (; sp < d.splits; sp += M3_COLSUM_WARPS) {
+            acc += col[(unsigned long long)sp * ld];
+        }
     }
-    out[c] = acc;
+    s[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && c < d.cols) {
+        float sum = 0.0f;
+#pragma unroll
+        for (unsigned w = 0; w < M3_COLSUM_WARPS; ++w) {
+            sum += s[w][lane];
+        }
+        out[c] = sum;
+    }
 }
 
 // One block per vocabulary row v: gemb[v, :] += sum of dh[i, :] over the

@@ -1,8 +1,9 @@
 // What a training step adds around the model's forward and backward passes:
 // the per-prediction loss weights (masked mean cross-entropy), the frozen
-// gradient mask, the global gradient norm with clipping, the non-finite skip,
-// the learning-rate schedule evaluated on the device, and the guarded AdamW
-// update. Everything the host may change lives in device buffers, so a
+// gradient mask, the global gradient norm's fold with clipping, the
+// non-finite skip and the learning-rate schedule evaluated on the device (the
+// norm's partials and the guarded AdamW update are the multi-tensor kernels
+// of optim.cu). Everything the host may change lives in device buffers, so a
 // captured graph bakes in no value a run can alter.
 //
 // Device scalars (layouts mirrored in runtime/src/optim/step_control.rs):
@@ -13,29 +14,14 @@
 //   report   (f64, written here): [loss, grad norm, lr, skipped now,
 //                                  skipped total, steps, adam steps, coef]
 // AdamW's own scalars are optim/gpu.rs's StepScalars (hyper, step, derived);
-// tr_schedule writes `derived` with the layout of m3_advance_schedule.
+// tr_schedule writes `derived` with the layout of m3_advance_schedule, and
+// optim.cu's mt_adamw reads it with `gate`.
 //
-// Reductions run in a fixed order in double (a fixed grid per tensor, a
+// Reductions run in a fixed order in double (fixed units per tensor, a
 // fixed shared-memory tree, partials folded in index order), with no atomics.
 #include "common.cuh"
 
 #define TR_PI 3.14159265358979323846
-
-// Sum over a block of SG_BLOCK threads; every thread must call it.
-__device__ __forceinline__ double tr_block_sum(double v, double* s) {
-    __syncthreads();
-    s[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned stride = SG_BLOCK / 2; stride > 0; stride >>= 1) {
-        if (threadIdx.x < stride) {
-            s[threadIdx.x] += s[threadIdx.x + stride];
-        }
-        __syncthreads();
-    }
-    double r = s[0];
-    __syncthreads();
-    return r;
-}
 
 // One block: loss[0] = sum_i w[i] * row_loss[i] over rows with w[i] != 0, in
 // double and a fixed order (unweighted rows are skipped, not multiplied by
@@ -57,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
             wmax = fmaxf(wmax, wi);
         }
     }
-    const double total = tr_block_sum(acc, s);
+    const double total = sg_block_sum_f64(acc, s);
     smax[threadIdx.x] = wmax;
     __syncthreads();
     for (unsigned stride = SG_BLOCK / 2; stride > 0; stride >>= 1) {
@@ -100,23 +86,6 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     SG_FOR_EACH(i, n) { x[start + i] = 0.0f; }
 }
 
-// Pass 1 of the global norm: block b of this tensor's launch writes the sum of
-// squares (in double) of its grid-stride share to partials[offset + b]. The
-// grid depends only on n, so the order is fixed.
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
-    tr_sumsq_partials_f32(const float* __restrict__ x, double* __restrict__ partials, unsigned offset, unsigned n) {
-    __shared__ double s[SG_BLOCK];
-    double acc = 0.0;
-    SG_FOR_EACH(i, n) {
-        const double v = (double)x[i];
-        acc = fma(v, v, acc);
-    }
-    const double total = tr_block_sum(acc, s);
-    if (threadIdx.x == 0) {
-        partials[offset + blockIdx.x] = total;
-    }
-}
-
 // The warmup + cosine schedule of runtime/src/train/schedule.rs (LrSchedule::lr).
 __device__ double tr_lr(double peak, double min_lr, unsigned long long warmup, unsigned long long total,
                         unsigned long long step) {
@@ -144,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     for (unsigned i = threadIdx.x; i < count; i += SG_BLOCK) {
         acc += partials[i];
     }
-    const double sumsq = tr_block_sum(acc, s);
+    const double sumsq = sg_block_sum_f64(acc, s);
     if (threadIdx.x != 0) {
         return;
     }
@@ -188,36 +157,6 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     report[5] = (double)(step + 1);
     report[6] = (double)t;
     report[7] = coef;
-}
-
-// AdamW (torch semantics, as m3_adamw_f32) on the rescaled, clipped
-// gradient, or nothing when the step is skipped. As in the CPU engine, the
-// gradient is first rescaled to the weighted loss, then multiplied by the
-// clip coefficient only when that is below 1.
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
-    tr_adamw_f32(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
-                 const float* __restrict__ derived, const float* __restrict__ gate, unsigned decay, unsigned n) {
-    if (gate[1] != 0.0f) {
-        return;
-    }
-    const float coef = gate[0], gscale = gate[2];
-    const float step_size = derived[0], bc2s = derived[1], shrink = derived[2];
-    const float b1 = derived[3], ob1 = derived[4], b2 = derived[5], ob2 = derived[6], eps = derived[7];
-    SG_FOR_EACH(i, n) {
-        float pv = p[i];
-        float gv = g[i] * gscale;
-        if (coef < 1.0f) {
-            gv *= coef;
-        }
-        if (decay) {
-            pv *= shrink;
-        }
-        const float mv = b1 * m[i] + ob1 * gv;
-        const float vv = b2 * v[i] + ob2 * gv * gv;
-        m[i] = mv;
-        v[i] = vv;
-        p[i] = pv - step_size * mv / (sqrtf(vv) / bc2s + eps);
-    }
 }
 
 // One block per row: out[row] = the first index of the largest of

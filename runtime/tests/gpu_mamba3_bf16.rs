@@ -429,7 +429,7 @@ fn bf16_graph_replay_equals_eager_bit_for_bit_over_50_steps() {
         "seed {seed}: state differs after 50 steps"
     );
     assert_eq!(graphed.sched.steps(&gpu).expect("steps"), 50);
-    // The in-graph sync left every bf16 copy equal to its rounded master.
+    // The fused AdamW pass left every bf16 copy equal to its rounded master.
     let w = &graphed.weights;
     let pairs = [
         (&w.master.embedding, &w.embedding),

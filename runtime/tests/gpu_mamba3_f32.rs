@@ -588,9 +588,8 @@ fn step_time_breakdown() {
         }),
     ));
     rows.push((
-        "zero_grads + schedule + adamw",
+        "schedule + fused adamw",
         median_ms(&gpu, 10, &mut || {
-            e(zero_grads(&gpu, &mut s.grads))?;
             g(advance_schedule(&gpu, &mut s.sched))?;
             e(adamw_step(
                 &gpu,

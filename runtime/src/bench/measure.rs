@@ -14,8 +14,8 @@ use crate::graph::{GraphError, ShapeKey};
 use crate::kernels::mamba3::Mamba3Shape;
 use crate::mamba3::gpu::{
     Acts, Bf16Step, F32Step, Family, Grads, Mamba3Bf16Graph, Mamba3F32Graph, Mamba3GpuError,
-    MixedWeights, Probe as _, StepWeights, Weights, backward, backward_mixed, backward_probed,
-    forward, forward_mixed, forward_probed,
+    MixedWeights, StepWeights, Weights, backward, backward_mixed, backward_probed, forward,
+    forward_mixed, forward_probed,
 };
 use crate::mamba3::{Mamba3Config, cpu};
 use crate::optim::{AdamWConfig, DecayPolicy};
@@ -399,12 +399,13 @@ fn snapshot<W: StepWeights>(gpu: &Gpu, pt: Parts<'_, W>) -> Result<(Vec<u32>, Ve
     Ok((bits(gpu, pt.loss)?, grad))
 }
 
-/// `reps` passes of the step's `zero_grads`, `forward` and `backward`
-/// bodies with every op timed (the bodies' [`Timed`] probe). The step's
-/// remaining ops (loss weighting, gradient norm, schedule, AdamW; whatever
-/// the spec runs after `backward`) are timed as one: the eager step's median
-/// minus the median of the step's own `zero_grads`, `forward` and `backward`
-/// ops between one pair of events. They count as the optimizer family.
+/// `reps` passes of the step's `forward` and `backward` bodies with every op
+/// timed (the bodies' [`Timed`] probe). The step's remaining ops (loss
+/// weighting, gradient norm, schedule, AdamW; whatever the spec runs after
+/// `backward`) are timed as one: the eager step's median minus the median of
+/// the step's own `forward` and `backward` ops between one pair of events.
+/// They count as the optimizer family. (The steps zero no gradients: the
+/// backward op writes every one.)
 ///
 /// Also returns whether the timed pass and the step's own ops, on the same
 /// weights and tokens, left the same loss and first-block `in_proj`
@@ -419,15 +420,12 @@ fn breakdown<S: BenchStep>(
     for _ in 0..reps {
         let mut p = Timed::new(gpu)?;
         let pt = s.parts();
-        p.enter(gpu, Family::Optimizer, "zero grads")?;
-        crate::mamba3::gpu::zero_grads(gpu, pt.grads)?;
         forward_probed(gpu, pt.weights, pt.tokens, pt.acts, pt.loss, &mut p)?;
         backward_probed(gpu, pt.weights, pt.tokens, pt.acts, pt.grads, &mut p)?;
         passes.push(p.finish(gpu)?);
     }
     let probed = snapshot(gpu, s.parts())?;
     let fwd_bwd = time_reps(gpu, 1, reps.max(1), || -> Result<(), Mamba3GpuError> {
-        crate::mamba3::gpu::zero_grads(gpu, s.parts().grads)?;
         s.forward_op(gpu)?;
         s.backward_op(gpu)
     })?;

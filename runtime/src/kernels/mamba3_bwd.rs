@@ -1,9 +1,10 @@
 //! Launch wrappers for the Mamba-3 backward kernels (`kernels/mamba3_bwd.cu`,
-//! the backward half of `kernels/mamba3_scan.cu`) and the device AdamW
-//! (`kernels/mamba3_adamw.cu`). Same contract as [`super::mamba3`]: lengths
+//! the backward half of `kernels/mamba3_scan.cu`) and the device AdamW's
+//! schedule (`kernels/mamba3_adamw.cu`; the update itself is
+//! [`super::optim::adamw`]). Same contract as [`super::mamba3`]: lengths
 //! are checked against the shape before any launch.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg as _};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg as _};
 
 use super::launch::{self, BLOCK};
 use super::mamba3::{
@@ -430,18 +431,73 @@ pub fn bcnorm_bwd(
     Ok(())
 }
 
-/// Rows each column-sum block folds in pass 1.
+/// Fewest rows a pass-1 column-sum split folds (8 per warp), which bounds
+/// the partials at [`colsum_partials`].
 pub const COLSUM_ROWS_PER_SPLIT: usize = 64;
 
-/// Partials a column sum over `rows x cols` needs.
+/// Pass-1 blocks a column sum aims for: 8 resident 256-thread blocks on each
+/// of an H200's 132 SMs, enough loads in flight to stream at full bandwidth.
+pub const COLSUM_TARGET_BLOCKS: usize = 1056;
+
+/// Partials a column sum over `rows x cols` may need.
 pub fn colsum_partials(rows: usize, cols: usize) -> usize {
     rows.div_ceil(COLSUM_ROWS_PER_SPLIT)
         .max(1)
         .saturating_mul(cols)
 }
 
+/// The `M3Colsum` struct of `kernels/mamba3_bwd.cu`, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct M3Colsum {
+    /// Rows of the input.
+    pub rows: u32,
+    /// Columns summed.
+    pub cols: u32,
+    /// Row stride of the input, in elements.
+    pub ld: u32,
+    /// First column summed.
+    pub off: u32,
+    /// Rows per pass-1 split.
+    pub rows_per_split: u32,
+    /// Pass-1 splits (rows of the partials).
+    pub splits: u32,
+}
+
+// SAFETY: `#[repr(C)]` with six `u32` fields (no padding, no pointers), field
+// for field the `M3Colsum` of kernels/mamba3_bwd.cu (a test checks the size
+// and offsets against the numbers documented there).
+unsafe impl DeviceRepr for M3Colsum {}
+
+/// The split of a column sum: `(rows_per_split, splits, vec)` where `vec`
+/// (4 or 1) is the columns one lane loads at once. Depends only on the
+/// shape and the alignment, so a sum always runs in the same order.
+pub fn colsum_plan(
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    off: usize,
+    aligned: bool,
+) -> (usize, usize, usize) {
+    let vec = if aligned && cols.is_multiple_of(4) && ld.is_multiple_of(4) && off.is_multiple_of(4)
+    {
+        4
+    } else {
+        1
+    };
+    let col_blocks = cols.div_ceil(32 * vec).max(1);
+    let splits = COLSUM_TARGET_BLOCKS
+        .div_ceil(col_blocks)
+        .clamp(1, rows.div_ceil(COLSUM_ROWS_PER_SPLIT).max(1));
+    let per = rows.div_ceil(splits).max(1);
+    (per, rows.div_ceil(per).max(1), vec)
+}
+
 /// `out[c] = sum_r x[r * ld + off + c]` for `c < cols`, deterministically
-/// (fixed split of the rows, fixed order within and across splits).
+/// (the split depends only on the shape, and every sum runs in a fixed
+/// order). Pass 1 writes `splits x cols` partials (at most
+/// [`colsum_partials`]), pass 2 folds them into `out`; with a single split
+/// pass 1 writes `out` directly.
 #[allow(clippy::too_many_arguments)]
 pub fn colsum(
     gpu: &Gpu,
@@ -463,57 +519,70 @@ pub fn colsum(
             have: ld,
         });
     }
-    let splits = rows.div_ceil(COLSUM_ROWS_PER_SPLIT).max(1);
     need(
         gpu,
         "colsum: x",
         x,
         crate::device::checked_elems("colsum: rows x ld", rows, ld)?,
     )?;
+    need(gpu, "colsum: out", out, cols)?;
+    let (per, splits, vec) = colsum_plan(rows, cols, ld, off, x.device_addr().is_multiple_of(16));
+    let d = M3Colsum {
+        rows: to_u32("colsum: rows", rows)?,
+        cols: to_u32("colsum: cols", cols)?,
+        ld: to_u32("colsum: ld", ld)?,
+        off: to_u32("colsum: off", off)?,
+        rows_per_split: to_u32("colsum: rows per split", per)?,
+        splits: to_u32("colsum: splits", splits)?,
+    };
+    let col_blocks = to_u32("colsum: column blocks", cols.div_ceil(32 * vec))?;
+    if col_blocks > 65_535 {
+        return Err(GpuError::SizeOverflow {
+            what: "colsum: column blocks (grid y)",
+            value: u128::from(col_blocks),
+            target: "65535",
+        });
+    }
+    let pass1 = LaunchConfig {
+        grid_dim: (d.splits, col_blocks, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let name = if vec == 4 {
+        "m3_colsum_partials_f32x4"
+    } else {
+        "m3_colsum_partials_f32"
+    };
+    let f = gpu.kernel(name)?;
+    if splits == 1 {
+        let mut b = gpu.stream().launch_builder(f);
+        b.arg(x.slice()?).arg(out.slice_mut()?).arg(&d);
+        // SAFETY: block (0, cb) reads x[r * ld + off + c] for r < rows and
+        // c < cols (off + cols <= ld, rows * ld checked; the x4 form only
+        // when x is 16-byte aligned and cols, ld, off are multiples of 4)
+        // and writes out[c] for c < cols (checked).
+        unsafe { b.launch(pass1) }.during("launch m3_colsum_partials")?;
+        return Ok(());
+    }
     need(
         gpu,
         "colsum: partials",
         partials,
-        colsum_partials(rows, cols),
+        crate::device::checked_elems("colsum: splits x cols", splits, cols)?,
     )?;
-    need(gpu, "colsum: out", out, cols)?;
-    let (ru, cu, lu, ou) = (
-        to_u32("rows", rows)?,
-        to_u32("cols", cols)?,
-        to_u32("ld", ld)?,
-        to_u32("off", off)?,
-    );
-    let (per, su) = (
-        to_u32("rows per split", COLSUM_ROWS_PER_SPLIT)?,
-        to_u32("splits", splits)?,
-    );
-    let bx = cu.div_ceil(BLOCK);
-    let f = gpu.kernel("m3_colsum_partials_f32")?;
     let mut b = gpu.stream().launch_builder(f);
-    b.arg(x.slice()?)
-        .arg(&ru)
-        .arg(&cu)
-        .arg(&lu)
-        .arg(&ou)
-        .arg(&per)
-        .arg(partials.slice_mut()?);
-    let cfg = LaunchConfig {
-        grid_dim: (bx, su, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: block (bx, split) reads x[r * ld + off + c] for r < rows and
-    // c < cols (off + cols <= ld, rows * ld checked) and writes
-    // partials[split * cols + c] (splits * cols checked).
-    unsafe { b.launch(cfg) }.during("launch m3_colsum_partials_f32")?;
+    b.arg(x.slice()?).arg(partials.slice_mut()?).arg(&d);
+    // SAFETY: block (split, cb) reads x[r * ld + off + c] for r < rows and
+    // c < cols (as above) and writes partials[split * cols + c] for
+    // split < splits and c < cols (splits * cols checked).
+    unsafe { b.launch(pass1) }.during("launch m3_colsum_partials")?;
     let f = gpu.kernel("m3_colsum_finish_f32")?;
     let mut b = gpu.stream().launch_builder(f);
-    b.arg(partials.slice()?)
-        .arg(&cu)
-        .arg(&su)
-        .arg(out.slice_mut()?);
-    // SAFETY: reads partials[0 .. splits * cols), writes out[0 .. cols); checked.
-    unsafe { b.launch(launch::grid(bx)) }.during("launch m3_colsum_finish_f32")?;
+    b.arg(partials.slice()?).arg(out.slice_mut()?).arg(&d);
+    let pass2 = launch::grid(to_u32("colsum: finish blocks", cols.div_ceil(32))?);
+    // SAFETY: reads partials[0 .. splits * cols), writes out[0 .. cols);
+    // both checked.
+    unsafe { b.launch(pass2) }.during("launch m3_colsum_finish_f32")?;
     Ok(())
 }
 
@@ -569,36 +638,75 @@ pub fn advance_schedule(
     Ok(())
 }
 
-/// One AdamW update of one tensor with the device-side scalars.
-pub fn adamw(
-    gpu: &Gpu,
-    p: &mut DeviceBuffer<f32>,
-    g: &DeviceBuffer<f32>,
-    m: &mut DeviceBuffer<f32>,
-    v: &mut DeviceBuffer<f32>,
-    derived: &DeviceBuffer<f32>,
-    decay: bool,
-) -> Result<(), GpuError> {
-    let n = p.len();
-    need(gpu, "adamw: grad", g, n)?;
-    need(gpu, "adamw: m", m, n)?;
-    need(gpu, "adamw: v", v, n)?;
-    need(gpu, "adamw: scalars", derived, 8)?;
-    gpu.check_owned("adamw: param", p)?;
-    if n == 0 {
-        return Ok(());
+#[cfg(test)]
+mod tests {
+    use std::mem::{offset_of, size_of};
+
+    use super::*;
+
+    /// The value of `#define name value` in kernels/mamba3_bwd.cu.
+    fn define(name: &str) -> usize {
+        let src = include_str!("../../../kernels/mamba3_bwd.cu");
+        let prefix = format!("#define {name} ");
+        src.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("{name} not defined in kernels/mamba3_bwd.cu"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
     }
-    let (nu, dec) = (to_u32("adamw: n", n)?, u32::from(decay));
-    let f = gpu.kernel("m3_adamw_f32")?;
-    let mut b = gpu.stream().launch_builder(f);
-    b.arg(p.slice_mut()?)
-        .arg(g.slice()?)
-        .arg(m.slice_mut()?)
-        .arg(v.slice_mut()?)
-        .arg(derived.slice()?);
-    b.arg(&dec).arg(&nu);
-    // SAFETY: elementwise over [0 .. n) of p, g, m, v (all hold n, checked),
-    // reading derived[0..8) (checked).
-    unsafe { b.launch(thread_blocks(n)?) }.during("launch m3_adamw_f32")?;
-    Ok(())
+
+    #[test]
+    fn colsum_args_match_the_kernel_source() {
+        assert_eq!(define("M3_COLSUM_SIZE"), size_of::<M3Colsum>());
+        for (name, off) in [
+            ("M3_COLSUM_OFF_COLS", offset_of!(M3Colsum, cols)),
+            ("M3_COLSUM_OFF_LD", offset_of!(M3Colsum, ld)),
+            ("M3_COLSUM_OFF_OFF", offset_of!(M3Colsum, off)),
+            (
+                "M3_COLSUM_OFF_ROWS_PER_SPLIT",
+                offset_of!(M3Colsum, rows_per_split),
+            ),
+            ("M3_COLSUM_OFF_SPLITS", offset_of!(M3Colsum, splits)),
+        ] {
+            assert_eq!(define(name), off, "{name}");
+        }
+        assert_eq!(offset_of!(M3Colsum, rows), 0);
+    }
+
+    #[test]
+    fn colsum_plans_stay_within_the_partials_and_cover_every_row() {
+        for (rows, cols, ld, off) in [
+            (8192, 3072, 3072, 0),
+            (8192, 768, 768, 0),
+            (8192, 128, 128, 0),
+            (8192, 24, 3432, 3361),
+            (128, 24, 24, 0),
+            (1, 5, 5, 0),
+            (0, 8, 8, 0),
+            (70_001, 33, 40, 7),
+        ] {
+            for aligned in [true, false] {
+                let (per, splits, vec) = colsum_plan(rows, cols, ld, off, aligned);
+                assert!(per >= 1 && splits >= 1);
+                assert!(per * splits >= rows, "{rows}x{cols}: rows uncovered");
+                assert!(
+                    per * (splits - 1) < rows.max(1),
+                    "{rows}x{cols}: empty split"
+                );
+                assert!(splits * cols <= colsum_partials(rows, cols));
+                assert!(
+                    vec == 1
+                        || (aligned
+                            && cols.is_multiple_of(4)
+                            && ld.is_multiple_of(4)
+                            && off.is_multiple_of(4))
+                );
+            }
+        }
+        // The widest M-config sum reads 16-byte vectors over about 1k blocks.
+        let (_, splits, vec) = colsum_plan(8192, 3072, 3072, 0, true);
+        assert_eq!(vec, 4);
+        assert_eq!(splits * 3072usize.div_ceil(128), COLSUM_TARGET_BLOCKS);
+    }
 }

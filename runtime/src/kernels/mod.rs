@@ -33,6 +33,7 @@ pub mod launch;
 pub mod mamba3;
 pub mod mamba3_bwd;
 pub mod mamba3_chunk;
+pub mod optim;
 pub mod precision;
 pub mod reduce;
 mod table;
@@ -140,6 +141,7 @@ pub const MODULES: &[Module] = &[
             "m3_dtheta_bwd_f32",
             "m3_bcnorm_bwd_f32",
             "m3_colsum_partials_f32",
+            "m3_colsum_partials_f32x4",
             "m3_colsum_finish_f32",
             "m3_embed_bwd_f32",
         ],
@@ -149,7 +151,14 @@ pub const MODULES: &[Module] = &[
             file: "mamba3_adamw.cu",
             src: include_str!("../../../kernels/mamba3_adamw.cu"),
         },
-        functions: &["m3_advance_schedule", "m3_adamw_f32"],
+        functions: &["m3_advance_schedule"],
+    },
+    Module {
+        source: SourceFile {
+            file: "optim.cu",
+            src: include_str!("../../../kernels/optim.cu"),
+        },
+        functions: &["mt_sumsq_partials", "mt_adamw"],
     },
     Module {
         source: SourceFile {
@@ -160,9 +169,7 @@ pub const MODULES: &[Module] = &[
             "tr_weighted_loss_f32",
             "tr_mask_rows_f32",
             "tr_zero_range_f32",
-            "tr_sumsq_partials_f32",
             "tr_schedule",
-            "tr_adamw_f32",
             "tr_argmax_f32",
         ],
     },

@@ -1,7 +1,8 @@
 //! Launch wrappers for `kernels/train.cu`: loss weights, the frozen mask, the
-//! global gradient norm, the device-side schedule and the guarded AdamW
-//! update that the training step adds around the model (see
-//! [`crate::optim::step_control`] for the ops built from them).
+//! fold of the global gradient norm and the device-side schedule that the
+//! training step adds around the model (see [`crate::optim::step_control`]
+//! for the ops built from them; the norm's partials and the guarded AdamW
+//! update are the multi-tensor kernels of [`super::optim`]).
 
 use cudarc::driver::PushKernelArg as _;
 
@@ -9,17 +10,6 @@ use super::launch;
 use super::mamba3::{Mamba3Shape, need, row_blocks, thread_blocks};
 use crate::device::error::During as _;
 use crate::device::{DeviceBuffer, Gpu, GpuError, to_u32};
-
-/// Most pass-1 blocks (hence partials) of one tensor's sum of squares.
-pub const NORM_BLOCKS_PER_TENSOR: u32 = 128;
-
-/// Pass-1 blocks of the sum of squares of an `n`-element tensor.
-pub fn norm_blocks(n: usize) -> Result<u32, GpuError> {
-    Ok(launch::blocks(
-        to_u32("sumsq: n", n)?,
-        NORM_BLOCKS_PER_TENSOR,
-    ))
-}
 
 /// `loss[0] = sum(w[i] * row_loss[i])` over the `rows` rows with `w[i] != 0`,
 /// in double and a fixed order, and `gate[2] = rows * max(w)` (the factor
@@ -107,39 +97,6 @@ pub fn zero_range(
     Ok(())
 }
 
-/// Writes the [`norm_blocks`]`(x.len())` sum-of-squares partials of `x` to
-/// `partials[offset ..]` and returns how many.
-pub fn sumsq_partials(
-    gpu: &Gpu,
-    x: &DeviceBuffer<f32>,
-    partials: &mut DeviceBuffer<f64>,
-    offset: usize,
-) -> Result<usize, GpuError> {
-    gpu.check_owned("sumsq: x", x)?;
-    let blocks = norm_blocks(x.len())?;
-    let count = usize::try_from(blocks).map_err(|_| GpuError::SizeOverflow {
-        what: "sumsq: partials",
-        value: u128::from(blocks),
-        target: "usize",
-    })?;
-    need(gpu, "sumsq: partials", partials, offset + count)?;
-    let (off, n) = (
-        to_u32("sumsq: offset", offset)?,
-        to_u32("sumsq: n", x.len())?,
-    );
-    let f = gpu.kernel("tr_sumsq_partials_f32")?;
-    let mut b = gpu.stream().launch_builder(f);
-    b.arg(x.slice()?)
-        .arg(partials.slice_mut()?)
-        .arg(&off)
-        .arg(&n);
-    // SAFETY: reads x[0..n) (n = x.len()) and writes partials[offset ..
-    // offset + blocks), which the partials buffer holds (checked); the grid
-    // is `blocks`.
-    unsafe { b.launch(launch::grid(blocks)) }.during("launch tr_sumsq_partials_f32")?;
-    Ok(count)
-}
-
 /// The device scalars [`schedule`] reads and writes (layouts in
 /// `kernels/train.cu`).
 #[derive(Debug)]
@@ -198,44 +155,6 @@ pub fn schedule(gpu: &Gpu, a: ScheduleArgs<'_>) -> Result<(), GpuError> {
     Ok(())
 }
 
-/// AdamW on one tensor with the clipped gradient, unless the gate says skip.
-#[allow(clippy::too_many_arguments)] // one per kernel buffer, as the kernel takes them
-pub fn adamw_gated(
-    gpu: &Gpu,
-    p: &mut DeviceBuffer<f32>,
-    g: &DeviceBuffer<f32>,
-    m: &mut DeviceBuffer<f32>,
-    v: &mut DeviceBuffer<f32>,
-    derived: &DeviceBuffer<f32>,
-    gate: &DeviceBuffer<f32>,
-    decay: bool,
-) -> Result<(), GpuError> {
-    let n = p.len();
-    need(gpu, "adamw_gated: grad", g, n)?;
-    need(gpu, "adamw_gated: m", m, n)?;
-    need(gpu, "adamw_gated: v", v, n)?;
-    need(gpu, "adamw_gated: scalars", derived, 8)?;
-    need(gpu, "adamw_gated: gate", gate, 3)?;
-    gpu.check_owned("adamw_gated: param", p)?;
-    if n == 0 {
-        return Ok(());
-    }
-    let (nu, dec) = (to_u32("adamw_gated: n", n)?, u32::from(decay));
-    let f = gpu.kernel("tr_adamw_f32")?;
-    let mut b = gpu.stream().launch_builder(f);
-    b.arg(p.slice_mut()?)
-        .arg(g.slice()?)
-        .arg(m.slice_mut()?)
-        .arg(v.slice_mut()?)
-        .arg(derived.slice()?)
-        .arg(gate.slice()?);
-    b.arg(&dec).arg(&nu);
-    // SAFETY: elementwise over [0 .. n) of p, g, m, v (all hold n, checked),
-    // reading derived[0..8) and gate[0..3) (checked).
-    unsafe { b.launch(thread_blocks(n)?) }.during("launch tr_adamw_f32")?;
-    Ok(())
-}
-
 /// `out[row]` = first index of the largest of `logits[row, 0 .. real)`, for
 /// `rows` rows of `stride` logits.
 pub fn argmax(
@@ -277,17 +196,4 @@ pub fn argmax(
     // out[row] for row < rows (checked).
     unsafe { b.launch(row_blocks(rows)?) }.during("launch tr_argmax_f32")?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn norm_partials_are_bounded_and_depend_only_on_the_length() {
-        assert_eq!(norm_blocks(0).ok(), Some(1));
-        assert_eq!(norm_blocks(256).ok(), Some(1));
-        assert_eq!(norm_blocks(257).ok(), Some(2));
-        assert_eq!(norm_blocks(1 << 30).ok(), Some(NORM_BLOCKS_PER_TENSOR));
-    }
 }

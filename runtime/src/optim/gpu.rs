@@ -1,7 +1,9 @@
 //! AdamW on the device, with torch semantics identical to the CPU
 //! [`AdamW`](super::AdamW): decoupled decay before the update, decay only
 //! where the [`DecayPolicy`] says (2-D matrices by default), bias corrections
-//! in f64.
+//! in f64. Every parameter tensor is updated by one multi-tensor pass
+//! ([`crate::kernels::optim::adamw`], one launch per 64 tensors), which in
+//! the mixed step also rewrites the bf16 compute copies.
 //!
 //! Nothing a user may change is baked into a captured graph by value: the
 //! hyper-parameters live in a device buffer the host rewrites between
@@ -9,9 +11,12 @@
 //! [`advance_schedule`] increments the step count and computes the step's
 //! bias corrections on the device, so a replayed graph keeps counting.
 
+use half::bf16;
+
 use crate::DevicePtrs;
 use crate::device::{DeviceBuffer, Gpu, GpuError};
 use crate::kernels::mamba3_bwd as kb;
+use crate::kernels::optim as ko;
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu::param_specs;
 use crate::mamba3::gpu::{Grads, Mamba3GpuError, Weights};
@@ -96,7 +101,8 @@ pub fn advance_schedule(gpu: &Gpu, sched: &mut StepScalars) -> Result<(), GpuErr
     kb::advance_schedule(gpu, &sched.hyper, &mut sched.step, &mut sched.derived)
 }
 
-/// One AdamW update of every parameter with the device-side scalars.
+/// One AdamW update of every parameter with the device-side scalars (no
+/// clipping, no skip): the backbone bench's update.
 pub fn adamw_step(
     gpu: &Gpu,
     grads: &Grads,
@@ -104,10 +110,28 @@ pub fn adamw_step(
     weights: &mut Weights,
     adam: &mut AdamWState,
 ) -> Result<(), Mamba3GpuError> {
+    fused_update(gpu, grads, &sched.derived, None, weights, Vec::new(), adam)
+}
+
+/// AdamW on every parameter tensor in one multi-tensor pass
+/// ([`kernels::optim::adamw`](crate::kernels::optim::adamw)): `derived` holds
+/// the step's scalars, `gate` (when given) the clip coefficient, skip flag
+/// and gradient scale. `copies` is empty, or holds one entry per parameter
+/// (in `param_specs` order): the bf16 compute copy the pass rewrites from the
+/// updated master, where the tensor has one.
+pub(crate) fn fused_update(
+    gpu: &Gpu,
+    grads: &Grads,
+    derived: &DeviceBuffer<f32>,
+    gate: Option<&DeviceBuffer<f32>>,
+    weights: &mut Weights,
+    mut copies: Vec<Option<&mut DeviceBuffer<bf16>>>,
+    adam: &mut AdamWState,
+) -> Result<(), Mamba3GpuError> {
     let gs = grads.params.tensors();
-    let mut ps = weights.tensors_mut();
-    let mut ms = adam.m.tensors_mut();
-    let mut vs = adam.v.tensors_mut();
+    let ps = weights.tensors_mut();
+    let ms = adam.m.tensors_mut();
+    let vs = adam.v.tensors_mut();
     let n = gs.len();
     for (what, found) in [
         ("weights", ps.len()),
@@ -115,20 +139,34 @@ pub fn adamw_step(
         ("second moments", vs.len()),
         ("decay flags", adam.decay.len()),
     ] {
-        if found != n {
-            return Err(Mamba3GpuError::Shape {
-                what,
-                expected: n,
-                found,
-            });
+        crate::mamba3::gpu::same(what, n, found)?;
+    }
+    if copies.is_empty() {
+        copies.resize_with(n, || None);
+    }
+    crate::mamba3::gpu::same("bf16 compute copies", n, copies.len())?;
+    let mut list = Vec::with_capacity(n);
+    for (((((grad, param), m), v), &decay), copy) in gs
+        .into_iter()
+        .zip(ps)
+        .zip(ms)
+        .zip(vs)
+        .zip(&adam.decay)
+        .zip(copies)
+    {
+        if let Some(c) = copy.as_deref() {
+            // A copy of another tensor's shape would be a mis-ordered list.
+            crate::mamba3::gpu::same("bf16 copy length", param.len(), c.len())?;
         }
+        list.push(ko::AdamTensor {
+            param,
+            grad,
+            m,
+            v,
+            copy,
+            decay,
+        });
     }
-    for (i, g) in gs.into_iter().enumerate() {
-        let decay = adam.decay.get(i).copied().unwrap_or(false);
-        let (Some(p), Some(m), Some(v)) = (ps.get_mut(i), ms.get_mut(i), vs.get_mut(i)) else {
-            continue;
-        };
-        kb::adamw(gpu, p, g, m, v, &sched.derived, decay)?;
-    }
+    ko::adamw(gpu, &mut list, derived, gate)?;
     Ok(())
 }

@@ -24,12 +24,13 @@
 
 use crate::DevicePtrs;
 use crate::device::{DeviceBuffer, Gpu, GpuError};
+use crate::kernels::optim as ko;
 use crate::kernels::train as kt;
 use crate::mamba3::Mamba3Config;
-use crate::mamba3::cpu::param_specs;
+use crate::mamba3::cpu::{ParamSpec, param_specs};
 use crate::mamba3::gpu::{Acts, Grads, Mamba3GpuError, MixedWeights, Weights};
 
-use super::gpu::{AdamWState, StepScalars};
+use super::gpu::{AdamWState, StepScalars, fused_update};
 
 /// Report slots (`kernels/train.cu`): what one step leaves for the host.
 pub mod report {
@@ -75,7 +76,8 @@ pub struct StepControl {
     pub counters: DeviceBuffer<u64>,
     /// `[clip coefficient, skip flag, gradient scale]`, written each step.
     pub gate: DeviceBuffer<f32>,
-    /// Per-tensor sum-of-squares partials of the gradient norm.
+    /// Sum-of-squares partials of the gradient norm, one per
+    /// `kernels::optim::NORM_CHUNK` elements of each tensor.
     pub partials: DeviceBuffer<f64>,
     /// The last step's report ([`report`] slots).
     pub report: DeviceBuffer<f64>,
@@ -93,16 +95,7 @@ impl StepControl {
         frozen: Vec<FrozenSlice>,
     ) -> Result<Self, Mamba3GpuError> {
         let specs = param_specs(cfg);
-        let mut count = 0usize;
-        for s in &specs {
-            count += usize::try_from(kt::norm_blocks(s.numel())?).map_err(|_| {
-                Mamba3GpuError::Shape {
-                    what: "norm partials",
-                    expected: 0,
-                    found: 0,
-                }
-            })?;
-        }
+        let count = ko::norm_partials(specs.iter().map(ParamSpec::numel));
         for f in &frozen {
             let numel = specs.get(f.tensor).map_or(0, |s| s.numel());
             if f.start > f.end || f.end > numel {
@@ -210,8 +203,9 @@ pub fn apply_loss_weights<B>(
     Ok(())
 }
 
-/// Zeroes the frozen slices' gradients and writes the per-tensor partials of
-/// the global squared norm.
+/// Zeroes the frozen slices' gradients and writes the partials of the
+/// global squared norm (one multi-tensor launch, see
+/// [`crate::kernels::optim::sumsq_partials`]).
 pub fn grad_norm(
     gpu: &Gpu,
     grads: &mut Grads,
@@ -227,10 +221,7 @@ pub fn grad_norm(
         })?;
         kt::zero_range(gpu, t, f.start, f.end)?;
     }
-    let mut offset = 0;
-    for t in tensors {
-        offset += kt::sumsq_partials(gpu, t, &mut control.partials, offset)?;
-    }
+    ko::sumsq_partials(gpu, &grads.params.tensors(), &mut control.partials)?;
     Ok(())
 }
 
@@ -269,7 +260,7 @@ pub fn schedule(
 }
 
 /// AdamW on every tensor with the rescaled, clipped gradient; nothing when
-/// the step is skipped.
+/// the step is skipped. One multi-tensor pass ([`fused_update`]).
 pub fn adamw_guarded(
     gpu: &Gpu,
     grads: &Grads,
@@ -278,28 +269,21 @@ pub fn adamw_guarded(
     weights: &mut Weights,
     adam: &mut AdamWState,
 ) -> Result<(), Mamba3GpuError> {
-    let gs = grads.params.tensors();
-    let ps = weights.tensors_mut();
-    let ms = adam.m.tensors_mut();
-    let vs = adam.v.tensors_mut();
-    let n = gs.len();
-    for (what, found) in [
-        ("weights", ps.len()),
-        ("first moments", ms.len()),
-        ("second moments", vs.len()),
-        ("decay flags", adam.decay.len()),
-    ] {
-        crate::mamba3::gpu::same(what, n, found)?;
-    }
-    for ((((g, p), m), v), &decay) in gs.into_iter().zip(ps).zip(ms).zip(vs).zip(&adam.decay) {
-        kt::adamw_gated(gpu, p, g, m, v, &sched.derived, &control.gate, decay)?;
-    }
-    Ok(())
+    fused_update(
+        gpu,
+        grads,
+        &sched.derived,
+        Some(&control.gate),
+        weights,
+        Vec::new(),
+        adam,
+    )
 }
 
-/// [`adamw_guarded`] on the f32 masters of a mixed-precision step; the
-/// bf16 copies are refreshed by the step's next op
-/// (`mamba3::gpu::sync_master_to_compute`).
+/// [`adamw_guarded`] on the f32 masters of a mixed-precision step, writing
+/// each updated GEMM weight's bf16 compute copy in the same pass (so the
+/// step needs no `sync_master_to_compute` after it; a skipped step leaves
+/// masters and copies as they were).
 pub fn adamw_guarded_mixed(
     gpu: &Gpu,
     grads: &Grads,
@@ -308,7 +292,16 @@ pub fn adamw_guarded_mixed(
     weights: &mut MixedWeights,
     adam: &mut AdamWState,
 ) -> Result<(), Mamba3GpuError> {
-    adamw_guarded(gpu, grads, sched, control, &mut weights.master, adam)
+    let (master, copies) = weights.masters_and_copies()?;
+    fused_update(
+        gpu,
+        grads,
+        &sched.derived,
+        Some(&control.gate),
+        master,
+        copies,
+        adam,
+    )
 }
 
 #[cfg(test)]

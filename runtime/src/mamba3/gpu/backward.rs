@@ -2,9 +2,11 @@
 //! parameter, from the activations the forward op kept.
 //!
 //! Every parameter gradient is written (never accumulated onto what was
-//! there), except the tied embedding, whose LM-head share is written first
-//! and the token scatter added after; so the op does not depend on
-//! `zero_grads` having run.
+//! there): GEMM gradients with beta = 0, every bias, norm weight, `dt_bias`
+//! and `D` by a column sum that stores its result, and the embedding, whose
+//! LM-head share (tied) or a memset (untied) is written first and the token
+//! scatter added after. So the op does not depend on `zero_grads` having
+//! run, and the step specs do not run it.
 //!
 //! One body, [`backward_probed`] (the step ops reach it through
 //! [`backward_with`] with [`NoProbe`]; see `forward` for the probe),

@@ -17,7 +17,10 @@ use super::probe::{NoProbe, Probe};
 use super::weights::{Grads, LayerWeights, StepWeights, Weights};
 use super::{Mamba3GpuError, same};
 
-/// Zeroes every parameter gradient (memset nodes under capture).
+/// Zeroes every parameter gradient (memset nodes under capture). The
+/// training steps do not run it: the backward op writes every parameter
+/// gradient rather than adding to it (see `backward`'s docs), so zeroing
+/// first would only cost a pass over the gradients.
 pub fn zero_grads(gpu: &Gpu, grads: &mut Grads) -> Result<(), Mamba3GpuError> {
     for g in grads.params.tensors_mut() {
         gpu.zero(g)?;

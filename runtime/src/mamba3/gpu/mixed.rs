@@ -4,9 +4,10 @@
 //!
 //! The forward and backward ops are the generic bodies of
 //! [`super::forward_with`] / [`super::backward_with`] at `bf16`; AdamW updates
-//! the f32 masters exactly as in the f32 step, and
-//! [`sync_master_to_compute`] then rounds the updated masters into the bf16
-//! copies inside the same graph, so the next forward pass sees them.
+//! the f32 masters exactly as in the f32 step and, in the same multi-tensor
+//! pass, rounds each updated GEMM weight into its bf16 copy, so the next
+//! forward pass sees them. [`sync_master_to_compute`] does that rounding on
+//! its own, for masters written from the host (upload, checkpoint import).
 
 use half::bf16;
 
@@ -17,7 +18,7 @@ use crate::kernels::mamba3::Mamba3Shape;
 use crate::kernels::precision::Compute;
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu;
-use crate::optim::gpu::{AdamWState, StepScalars, adamw_step};
+use crate::optim::gpu::{AdamWState, StepScalars};
 
 use super::acts::MixedActs;
 use super::weights::{GemmPair, Grads, StepWeights, Weights};
@@ -81,6 +82,54 @@ impl MixedWeights {
     pub fn cfg(&self) -> &Mamba3Config {
         &self.master.cfg
     }
+
+    /// The f32 masters, and for each of their tensors in `param_specs` order
+    /// (the order of [`Weights::tensors_mut`]) its bf16 compute copy, `None`
+    /// for tensors without one.
+    #[allow(clippy::type_complexity)] // a pair of borrows, named at the one call site
+    pub fn masters_and_copies(
+        &mut self,
+    ) -> Result<(&mut Weights, Vec<Option<&mut DeviceBuffer<bf16>>>), Mamba3GpuError> {
+        let Self {
+            master,
+            embedding,
+            layers,
+            lm_head,
+        } = self;
+        super::same("bf16 weight layers", master.layers.len(), layers.len())?;
+        let mut copies = vec![Some(embedding)];
+        for (m, c) in master.layers.iter().zip(layers.iter_mut()) {
+            // norm, in_proj, dt_bias, B_bias, C_bias, B_norm, C_norm, D
+            copies.extend([
+                None,
+                Some(&mut c.in_proj),
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+            ]);
+            if m.out_norm.is_some() {
+                copies.push(None);
+            }
+            copies.push(Some(&mut c.out_proj));
+        }
+        // norm_f, then the untied LM head.
+        copies.push(None);
+        match (&master.lm_head, lm_head) {
+            (Some(_), Some(c)) => copies.push(Some(c)),
+            (None, None) => {}
+            (m, _) => {
+                return Err(Mamba3GpuError::Shape {
+                    what: "untied LM heads (f32 master vs bf16 copy)",
+                    expected: usize::from(m.is_some()),
+                    found: usize::from(m.is_none()),
+                });
+            }
+        }
+        Ok((master, copies))
+    }
 }
 
 impl StepWeights for MixedWeights {
@@ -105,7 +154,8 @@ impl StepWeights for MixedWeights {
 }
 
 /// Rounds the f32 masters of every GEMM weight into their bf16 copies
-/// (nearest even). Runs after AdamW inside the step's graph.
+/// (nearest even): after the masters were written from the host. The steps'
+/// AdamW pass keeps the copies in sync by itself.
 pub fn sync_master_to_compute(gpu: &Gpu, w: &mut MixedWeights) -> Result<(), Mamba3GpuError> {
     super::same("bf16 weight layers", w.master.layers.len(), w.layers.len())?;
     f32_to_bf16(gpu, &w.master.embedding, &mut w.embedding)?;
@@ -150,8 +200,8 @@ pub fn backward_mixed(
     backward_with(gpu, w, tokens, acts, grads)
 }
 
-/// AdamW on the f32 masters, exactly the f32 step's update; the bf16 copies
-/// are refreshed by the next op, [`sync_master_to_compute`].
+/// AdamW on the f32 masters, exactly the f32 step's update, writing the
+/// bf16 copies of the updated GEMM weights in the same pass.
 pub fn adamw_step_mixed(
     gpu: &Gpu,
     grads: &Grads,
@@ -159,7 +209,8 @@ pub fn adamw_step_mixed(
     w: &mut MixedWeights,
     adam: &mut AdamWState,
 ) -> Result<(), Mamba3GpuError> {
-    adamw_step(gpu, grads, sched, &mut w.master, adam)
+    let (master, copies) = w.masters_and_copies()?;
+    crate::optim::gpu::fused_update(gpu, grads, &sched.derived, None, master, copies, adam)
 }
 
 /// Bytes of `half_staging` a step of shape `sh` needs in compute type `T`:
