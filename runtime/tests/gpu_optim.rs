@@ -420,7 +420,7 @@ fn norm_partials_are_deterministic_and_sum_to_the_host_norm() {
     let sum: f64 = first.iter().sum();
     let want = host_norm(&grads, 1.0).powi(2);
     let rel = (sum - want).abs() / want;
-    assert!(rel < 1e-12, "seed {seed}: sum of squares rel err {rel:e}");
+    assert!(rel < 1e-11, "seed {seed}: sum of squares rel err {rel:e}");
     for _ in 0..3 {
         ko::sumsq_partials(&gpu, &refs, &mut partials).expect("partials");
         let again = gpu.to_host(&partials).expect("download");
