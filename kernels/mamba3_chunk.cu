@@ -47,6 +47,8 @@
 // Largest chunk (C) and head width (P): C / 16 score tiles and P / 8
 // accumulators per row block must stay in registers.
 #define M3C_MAX_TILE 64
+// Loads in flight per thread while staging.
+#define M3C_STAGE_UNROLL 8
 
 typedef unsigned short m3c_bf;
 
@@ -267,81 +269,54 @@ __device__ __forceinline__ float m3c_scale(const float* dt, const float* lam, un
     return s;
 }
 
-// One f32 matrix to stage as a bf16 tile: row r at src + (row0 + r) *
-// stride + off, `width` columns (a multiple of 4), `rows` rows of which
-// those past L are zero, each multiplied by scale[r] (when not null) before
-// rounding, into dst with row stride width + M3C_PAD.
-struct M3cTileSrc {
-    const float* src;
-    unsigned long long row0, stride, off;
-    unsigned width, rows, L;
-    const float* scale;
-    m3c_bf* dst;
-};
-
-__device__ __forceinline__ M3cTileSrc m3c_tile(const float* src, unsigned long long row0, unsigned long long stride,
-                                               unsigned long long off, unsigned width, unsigned rows, unsigned L,
-                                               const float* scale, m3c_bf* dst) {
-    M3cTileSrc t;
-    t.src = src;
-    t.row0 = row0;
-    t.stride = stride;
-    t.off = off;
-    t.width = width;
-    t.rows = rows;
-    t.L = L;
-    t.scale = scale;
-    t.dst = dst;
-    return t;
-}
-
-// Stages NT tiles as one index space of four-element items, ITEMS items
-// per thread and round: all of a round's loads are issued before any is
-// converted, across tiles, so a block pays one memory latency per round,
-// not one per tile (ITEMS trades registers, hence blocks per SM, for
-// fewer rounds). A tile whose rows are 16-byte aligned loads a float4 per
-// item, any other four scalars.
-template <int ITEMS, int NT>
-__device__ __forceinline__ void m3c_stage_tiles(const M3cTileSrc (&t)[NT]) {
-    unsigned start[NT + 1];
-    bool vec[NT];
-    start[0] = 0;
+// Stages rows [0, C) x columns [0, width) of an f32 matrix (row r at
+// src[(row0 + r) * stride + off]) into a bf16 tile of row stride
+// width + M3C_PAD, each row multiplied by scale[r] (when not null) before
+// rounding; rows past L are zero. 16-byte loads when the rows allow.
+__device__ __forceinline__ void m3c_stage(const float* __restrict__ src, unsigned long long row0,
+                                          unsigned long long stride, unsigned long long off, unsigned width,
+                                          unsigned L, unsigned C, const float* scale, m3c_bf* dst) {
+    const unsigned ws = width + M3C_PAD;
+    const float* base = src + row0 * stride + off;
+    const bool vec = ((stride | off) & 3) == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0;
+    if (vec) {
+        const unsigned q = width / 4, total = C * q;
+        for (unsigned i0 = threadIdx.x; i0 < total; i0 += M3C_STAGE_UNROLL * blockDim.x) {
+            float4 v[M3C_STAGE_UNROLL];
 #pragma unroll
-    for (int k = 0; k < NT; ++k) {
-        start[k + 1] = start[k] + t[k].rows * (t[k].width / 4);
-        const float* base = t[k].src + t[k].row0 * t[k].stride + t[k].off;
-        vec[k] = (t[k].stride & 3) == 0 && (reinterpret_cast<unsigned long long>(base) & 15) == 0;
-    }
-    const unsigned all = start[NT];
-    for (unsigned i0 = threadIdx.x; i0 < all; i0 += ITEMS * blockDim.x) {
-        float4 v[ITEMS];
-#pragma unroll
-        for (int j = 0; j < ITEMS; ++j) {
-            const unsigned i = i0 + j * blockDim.x;
-            v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-            for (int k = 0; k < NT; ++k) {
-                if (i >= start[k] && i < start[k + 1]) {
-                    const unsigned q = t[k].width / 4, local = i - start[k], r = local / q;
-                    if (r < t[k].L) {
-                        const float* p = t[k].src + (t[k].row0 + r) * t[k].stride + t[k].off + (local % q) * 4;
-                        v[j] = vec[k] ? *reinterpret_cast<const float4*>(p) : make_float4(p[0], p[1], p[2], p[3]);
-                    }
-                }
+            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
+                const unsigned i = i0 + j * blockDim.x, r = i / q;
+                v[j] = i < total && r < L ? *reinterpret_cast<const float4*>(base + r * stride + (i % q) * 4)
+                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
-        }
 #pragma unroll
-        for (int j = 0; j < ITEMS; ++j) {
-            const unsigned i = i0 + j * blockDim.x;
-#pragma unroll
-            for (int k = 0; k < NT; ++k) {
-                if (i >= start[k] && i < start[k + 1]) {
-                    const unsigned q = t[k].width / 4, local = i - start[k], r = local / q;
-                    const float s = t[k].scale != nullptr ? t[k].scale[r] : 1.0f;
+            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
+                const unsigned i = i0 + j * blockDim.x, r = i / q;
+                if (i < total) {
+                    const float s = scale != nullptr ? scale[r] : 1.0f;
                     uint2 p;
                     p.x = m3c_pack(s * v[j].x, s * v[j].y);
                     p.y = m3c_pack(s * v[j].z, s * v[j].w);
-                    *reinterpret_cast<uint2*>(t[k].dst + r * (t[k].width + M3C_PAD) + (local % q) * 4) = p;
+                    *reinterpret_cast<uint2*>(dst + r * ws + (i % q) * 4) = p;
+                }
+            }
+        }
+    } else {
+        const unsigned q = width / 2, total = C * q;
+        for (unsigned i0 = threadIdx.x; i0 < total; i0 += M3C_STAGE_UNROLL * blockDim.x) {
+            float2 v[M3C_STAGE_UNROLL];
+#pragma unroll
+            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
+                const unsigned i = i0 + j * blockDim.x, r = i / q;
+                const float* p = base + r * stride + (i % q) * 2;
+                v[j] = i < total && r < L ? make_float2(p[0], p[1]) : make_float2(0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
+                const unsigned i = i0 + j * blockDim.x, r = i / q;
+                if (i < total) {
+                    const float s = scale != nullptr ? scale[r] : 1.0f;
+                    *reinterpret_cast<unsigned*>(dst + r * ws + (i % q) * 2) = m3c_pack(s * v[j].x, s * v[j].y);
                 }
             }
         }
@@ -432,13 +407,8 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         w[t] = wt;
     }
     __syncthreads();
-    {
-        const M3cTileSrc tiles[2] = {
-            m3c_tile(x, k.row0, x_stride, (unsigned long long)x_off + k.h * P, P, C, k.L, w, X),
-            m3c_tile(yv, k.row0, (unsigned long long)d.nheads * N, (unsigned long long)k.h * N, N, C, k.L, nullptr, Y),
-        };
-        m3c_stage_tiles<8>(tiles);
-    }
+    m3c_stage(x, k.row0, x_stride, (unsigned long long)x_off + k.h * P, P, k.L, C, w, X);
+    m3c_stage(yv, k.row0, (unsigned long long)d.nheads * N, (unsigned long long)k.h * N, N, k.L, C, nullptr, Y);
     __syncthreads();
     float* o = out + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N;
     const unsigned tn = (N + M3C_JOB_COLS - 1) / M3C_JOB_COLS, jobs = (P / 16) * tn;
@@ -545,18 +515,10 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     }
     __syncthreads();
     const unsigned long long hn = (unsigned long long)d.nheads * N;
-    {
-        const M3cTileSrc qk[2] = {
-            m3c_tile(q, row0, hn, (unsigned long long)h * N, N, C, L, nullptr, Q),
-            m3c_tile(kin, row0, hn, (unsigned long long)h * N, N, C, L, sc, K),
-        };
-        m3c_stage_tiles<8>(qk);
-        const M3cTileSrc vs[2] = {
-            m3c_tile(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, C, L, nullptr, V),
-            m3c_tile(states + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N, 0, N, 0, N, P, P, nullptr, S),
-        };
-        m3c_stage_tiles<8>(vs);
-    }
+    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
+    m3c_stage(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
+    m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
+    m3c_stage(states + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N, 0, N, 0, N, P, P, nullptr, S);
     __syncthreads();
     // Scores W_ts = e^{cs_t - cs_s} q_t . k~_s for s < t < L, else 0; tiles
     // above the diagonal are never read.
@@ -672,19 +634,11 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     const float* vf = proj + row0 * d.width + d.off_x + h * P;  // v rows, f32
     const float* dyf = dy + row0 * d.d_inner + h * P;           // dy rows, f32
     const unsigned long long st_off = ((unsigned long long)k.bh * d.nchunks + k.c) * P * N;
-    {
-        const M3cTileSrc qk[2] = {
-            m3c_tile(q, row0, hn, (unsigned long long)h * N, N, C, L, nullptr, Q),
-            m3c_tile(kin, row0, hn, (unsigned long long)h * N, N, C, L, sc, K),
-        };
-        m3c_stage_tiles<16>(qk);
-        const M3cTileSrc rest[3] = {
-            m3c_tile(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, C, L, nullptr, V),
-            m3c_tile(dy, row0, d.d_inner, (unsigned long long)h * P, P, C, L, nullptr, DY),
-            m3c_tile(states + st_off, 0, N, 0, N, P, P, nullptr, X),
-        };
-        m3c_stage_tiles<16>(rest);
-    }
+    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
+    m3c_stage(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
+    m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
+    m3c_stage(dy, row0, d.d_inner, (unsigned long long)h * P, P, L, C, nullptr, DY);
+    m3c_stage(states + st_off, 0, N, 0, N, P, P, nullptr, X);
     // dy_t . v_t in f32, a warp per row.
     for (unsigned t = warp; t < C; t += M3C_WARPS) {
         float acc = 0.0f;
