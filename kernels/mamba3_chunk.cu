@@ -140,6 +140,10 @@ __device__ __forceinline__ unsigned m3c_col(unsigned n0, int j, int r) {
 template <bool A_KM, bool B_NK>
 __device__ __forceinline__ void m3c_gemm(M3cAcc& c, const m3c_bf* A, unsigned lda, const m3c_bf* B, unsigned ldb,
                                          unsigned m0, unsigned n0, unsigned k0, unsigned k1, unsigned ncols) {
+    // Two k steps per iteration: enough independent fragment loads to
+    // cover ldmatrix latency; more unrolling only grows the code (ten call
+    // sites), and instruction-cache misses cost these kernels more.
+#pragma unroll 2
     for (unsigned k = k0; k < k1; k += 16) {
         unsigned a[4];
         if (A_KM) {
@@ -273,7 +277,7 @@ __device__ __forceinline__ float m3c_scale(const float* dt, const float* lam, un
 // src[(row0 + r) * stride + off]) into a bf16 tile of row stride
 // width + M3C_PAD, each row multiplied by scale[r] (when not null) before
 // rounding; rows past L are zero. 16-byte loads when the rows allow.
-__device__ __forceinline__ void m3c_stage(const float* __restrict__ src, unsigned long long row0,
+__device__ __noinline__ void m3c_stage(const float* __restrict__ src, unsigned long long row0,
                                           unsigned long long stride, unsigned long long off, unsigned width,
                                           unsigned L, unsigned C, const float* scale, m3c_bf* dst) {
     const unsigned ws = width + M3C_PAD;
