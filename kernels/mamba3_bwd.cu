@@ -104,66 +104,140 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     gate_bwd<float>(y, proj, norm_w, gate_rstd, d_o, dproj, dy, contrib, has_norm, d);
 }
 
-// One warp per (row, head), one lane per pair. In: dq/dk with respect to the
-// rotated q/k. Out (in place): the gradients with respect to the unrotated
-// biased key/query, including the diagonal term's gamma (q^ . k^) share, and
-// dphi[rows, H, S]. The rotated q/k that dphi needs are rebuilt here from
-// proj (m3_hat, m3_rotate: the values m3_qk_fwd writes), so neither step has
-// to keep or re-read per-head q/k for this pass.
+// One warp per (row, group): the rotation and B/C-norm backward of every
+// head of the group in one pass. In: dq/dk with respect to the rotated
+// q/k (from the scan). Out:
+//   dq/dk (in place): the gradients with respect to the unrotated biased
+//     query/key C^/B^ of each head, including the diagonal term's gamma
+//     (q^ . k^) share (their column sums are the bias gradients);
+//   dphi [rows, H, S];
+//   dproj's B and C columns: the RMSNorm backward of the per-group sums
+//     over heads of those gradients, and contrib_b/contrib_c [rows, G, N]
+//     (their column sums are the norm weight gradients).
+// The rotated q/k that dphi needs are rebuilt from proj (m3_hat,
+// m3_rotate: the values m3_qk_fwd writes). A lane owns the pairs
+// lane, lane + 32, ... (N / 2 <= 128, so at most four) and keeps their
+// sums over heads in registers, in head order.
+#define M3_RB_MAX_PAIRS 4
 template <typename T>
-__device__ void rot_bwd(const T* __restrict__ proj, const float* __restrict__ rstd_b,
-                        const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
-                        const float* __restrict__ c_norm, const float* __restrict__ b_bias,
-                        const float* __restrict__ c_bias, const float* __restrict__ phi,
-                        const float* __restrict__ dt, const float* __restrict__ lam,
-                        const float* __restrict__ dqkdot, float* __restrict__ dq, float* __restrict__ dk,
-                        float* __restrict__ dphi, M3Dims d) {
+__device__ void rot_bcnorm_bwd(const T* __restrict__ proj, const float* __restrict__ rstd_b,
+                               const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
+                               const float* __restrict__ c_norm, const float* __restrict__ b_bias,
+                               const float* __restrict__ c_bias, const float* __restrict__ phi,
+                               const float* __restrict__ dt, const float* __restrict__ lam,
+                               const float* __restrict__ dqkdot, float* __restrict__ dq, float* __restrict__ dk,
+                               float* __restrict__ dphi, T* __restrict__ dproj, float* __restrict__ contrib_b,
+                               float* __restrict__ contrib_c, M3Dims d) {
     const unsigned lane = threadIdx.x % 32;
     const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
-    const unsigned long long total = (unsigned long long)d.rows * d.nheads;
-    const unsigned hpg = d.nheads / d.ngroups;
+    const unsigned long long total = (unsigned long long)d.rows * d.ngroups;
+    const unsigned hpg = d.nheads / d.ngroups, half = d.d_state / 2;
     for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32; w < total;
          w += warps) {
-        unsigned long long row = w / d.nheads;
-        unsigned h = (unsigned)(w % d.nheads);
-        unsigned g = h / hpg;
+        const unsigned long long row = w / d.ngroups;
+        const unsigned g = (unsigned)(w % d.ngroups);
         const T* pr = proj + row * d.width;
-        const float rb = rstd_b[row * d.ngroups + g], rc = rstd_c[row * d.ngroups + g];
-        const float dqk = dqkdot[w] * lam[w] * dt[w];
-        for (unsigned i = lane; 2 * i < d.d_state; i += 32) {
-            unsigned j0 = 2 * i, j1 = 2 * i + 1;
-            unsigned long long e0 = w * d.d_state + j0, e1 = e0 + 1;
-            float gk0 = dk[e0], gk1 = dk[e1], gq0 = dq[e0], gq1 = dq[e1];
-            const float kb0 = m3_hat((float)pr[d.off_b + g * d.d_state + j0], rb, b_norm[j0], b_bias[h * d.d_state + j0]);
-            const float kb1 = m3_hat((float)pr[d.off_b + g * d.d_state + j1], rb, b_norm[j1], b_bias[h * d.d_state + j1]);
-            const float qb0 = m3_hat((float)pr[d.off_c + g * d.d_state + j0], rc, c_norm[j0], c_bias[h * d.d_state + j0]);
-            const float qb1 = m3_hat((float)pr[d.off_c + g * d.d_state + j1], rc, c_norm[j1], c_bias[h * d.d_state + j1]);
-            if (i < d.angles) {
-                float sn, cs;
-                sincosf(phi[w * d.angles + i], &sn, &cs);
-                float k0 = kb0, k1 = kb1, q0 = qb0, q1 = qb1;
-                m3_rotate(k0, k1, sn, cs);
-                m3_rotate(q0, q1, sn, cs);
-                dphi[w * d.angles + i] = -gk0 * k1 + gk1 * k0 - gq0 * q1 + gq1 * q0;
-                float a0 = cs * gk0 + sn * gk1, a1 = -sn * gk0 + cs * gk1;
-                float b0 = cs * gq0 + sn * gq1, b1 = -sn * gq0 + cs * gq1;
-                gk0 = a0; gk1 = a1; gq0 = b0; gq1 = b1;
+        const float rb = rstd_b[w], rc = rstd_c[w];
+        float xb[M3_RB_MAX_PAIRS][2], xc[M3_RB_MAX_PAIRS][2];
+        float sb[M3_RB_MAX_PAIRS][2], sc[M3_RB_MAX_PAIRS][2];
+#pragma unroll
+        for (int k = 0; k < M3_RB_MAX_PAIRS; ++k) {
+            const unsigned i = lane + 32 * k;
+            const bool live = i < half;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const unsigned j = 2 * i + e;
+                xb[k][e] = live ? (float)pr[d.off_b + g * d.d_state + j] : 0.0f;
+                xc[k][e] = live ? (float)pr[d.off_c + g * d.d_state + j] : 0.0f;
+                sb[k][e] = 0.0f;
+                sc[k][e] = 0.0f;
             }
-            dk[e0] = fmaf(dqk, qb0, gk0);
-            dk[e1] = fmaf(dqk, qb1, gk1);
-            dq[e0] = fmaf(dqk, kb0, gq0);
-            dq[e1] = fmaf(dqk, kb1, gq1);
+        }
+        for (unsigned h = g * hpg; h < (g + 1) * hpg; ++h) {
+            const unsigned long long rh = row * d.nheads + h;
+            const float dqk = dqkdot[rh] * lam[rh] * dt[rh];
+#pragma unroll
+            for (int k = 0; k < M3_RB_MAX_PAIRS; ++k) {
+                const unsigned i = lane + 32 * k;
+                if (i >= half) {
+                    continue;
+                }
+                const unsigned j0 = 2 * i, j1 = j0 + 1;
+                const unsigned long long e0 = rh * d.d_state + j0;
+                const float2 gk = m3_load_pair(dk + e0), gq = m3_load_pair(dq + e0);
+                float gk0 = gk.x, gk1 = gk.y, gq0 = gq.x, gq1 = gq.y;
+                const float kb0 = m3_hat(xb[k][0], rb, b_norm[j0], b_bias[h * d.d_state + j0]);
+                const float kb1 = m3_hat(xb[k][1], rb, b_norm[j1], b_bias[h * d.d_state + j1]);
+                const float qb0 = m3_hat(xc[k][0], rc, c_norm[j0], c_bias[h * d.d_state + j0]);
+                const float qb1 = m3_hat(xc[k][1], rc, c_norm[j1], c_bias[h * d.d_state + j1]);
+                if (i < d.angles) {
+                    float sn, cs;
+                    sincosf(phi[rh * d.angles + i], &sn, &cs);
+                    float k0 = kb0, k1 = kb1, q0 = qb0, q1 = qb1;
+                    m3_rotate(k0, k1, sn, cs);
+                    m3_rotate(q0, q1, sn, cs);
+                    dphi[rh * d.angles + i] = -gk0 * k1 + gk1 * k0 - gq0 * q1 + gq1 * q0;
+                    float a0 = cs * gk0 + sn * gk1, a1 = -sn * gk0 + cs * gk1;
+                    float b0 = cs * gq0 + sn * gq1, b1 = -sn * gq0 + cs * gq1;
+                    gk0 = a0; gk1 = a1; gq0 = b0; gq1 = b1;
+                }
+                gk0 = fmaf(dqk, qb0, gk0);
+                gk1 = fmaf(dqk, qb1, gk1);
+                gq0 = fmaf(dqk, kb0, gq0);
+                gq1 = fmaf(dqk, kb1, gq1);
+                m3_store_pair(dk + e0, gk0, gk1);
+                m3_store_pair(dq + e0, gq0, gq1);
+                sb[k][0] += gk0;
+                sb[k][1] += gk1;
+                sc[k][0] += gq0;
+                sc[k][1] += gq1;
+            }
+        }
+        // RMSNorm backward of B^ = B rb w (C likewise), the group sums as
+        // upstream gradient.
+        float accb = 0.0f, accc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < M3_RB_MAX_PAIRS; ++k) {
+            const unsigned i = lane + 32 * k;
+            if (i < half) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const unsigned j = 2 * i + e;
+                    contrib_b[w * d.d_state + j] = sb[k][e] * xb[k][e] * rb;
+                    contrib_c[w * d.d_state + j] = sc[k][e] * xc[k][e] * rc;
+                    accb = fmaf(sb[k][e] * b_norm[j], xb[k][e], accb);
+                    accc = fmaf(sc[k][e] * c_norm[j], xc[k][e], accc);
+                }
+            }
+        }
+        const float cb = rb * rb * rb * m3_warp_sum(accb) / (float)d.d_state;
+        const float cc = rc * rc * rc * m3_warp_sum(accc) / (float)d.d_state;
+#pragma unroll
+        for (int k = 0; k < M3_RB_MAX_PAIRS; ++k) {
+            const unsigned i = lane + 32 * k;
+            if (i < half) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const unsigned j = 2 * i + e;
+                    dproj[row * d.width + d.off_b + g * d.d_state + j] = (T)(rb * b_norm[j] * sb[k][e] - cb * xb[k][e]);
+                    dproj[row * d.width + d.off_c + g * d.d_state + j] = (T)(rc * c_norm[j] * sc[k][e] - cc * xc[k][e]);
+                }
+            }
         }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(SG_BLOCK)
-    m3_rot_bwd_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b, const float* __restrict__ rstd_c,
-                   const float* __restrict__ b_norm, const float* __restrict__ c_norm,
-                   const float* __restrict__ b_bias, const float* __restrict__ c_bias, const float* __restrict__ phi,
-                   const float* __restrict__ dt, const float* __restrict__ lam, const float* __restrict__ dqkdot,
-                   float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dphi, M3Dims d) {
-    rot_bwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, dt, lam, dqkdot, dq, dk, dphi, d);
+    m3_rot_bcnorm_bwd_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b,
+                          const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
+                          const float* __restrict__ c_norm, const float* __restrict__ b_bias,
+                          const float* __restrict__ c_bias, const float* __restrict__ phi,
+                          const float* __restrict__ dt, const float* __restrict__ lam,
+                          const float* __restrict__ dqkdot, float* __restrict__ dq, float* __restrict__ dk,
+                          float* __restrict__ dphi, float* __restrict__ dproj, float* __restrict__ contrib_b,
+                          float* __restrict__ contrib_c, M3Dims d) {
+    rot_bcnorm_bwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, dt, lam, dqkdot, dq, dk, dphi,
+                          dproj, contrib_b, contrib_c, d);
 }
 
 // The reverse cumsum over t of dphi, in place (phi_t sums dt_r theta_r over
@@ -277,60 +351,6 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     m3_dtheta_bwd_f32(const float* __restrict__ proj, const float* __restrict__ rphi, const float* __restrict__ dt,
                       float* __restrict__ dproj, M3Dims d) {
     dtheta_bwd<float>(proj, rphi, dt, dproj, d);
-}
-
-// One warp per (row, group, B or C): sums the group's heads' unrotated key
-// (or query) gradients, runs the RMSNorm backward into dproj's B (or C)
-// columns, and writes the norm weight's share to contrib[(row * G + g), :].
-template <typename T>
-__device__ void bcnorm_bwd(const T* __restrict__ proj, const float* __restrict__ rstd_b,
-                           const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
-                           const float* __restrict__ c_norm, const float* __restrict__ dkb,
-                           const float* __restrict__ dqb, T* __restrict__ dproj, float* __restrict__ contrib_b,
-                           float* __restrict__ contrib_c, M3Dims d) {
-    const unsigned lane = threadIdx.x % 32;
-    const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
-    const unsigned long long total = (unsigned long long)d.rows * d.ngroups * 2;
-    const unsigned hpg = d.nheads / d.ngroups;
-    for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32; w < total;
-         w += warps) {
-        const bool is_c = (w & 1) != 0;
-        const unsigned long long rg = w >> 1;
-        const unsigned long long row = rg / d.ngroups;
-        const unsigned g = (unsigned)(rg % d.ngroups);
-        const float r = is_c ? rstd_c[rg] : rstd_b[rg];
-        const float* wn = is_c ? c_norm : b_norm;
-        const float* grad = is_c ? dqb : dkb;
-        float* contrib = is_c ? contrib_c : contrib_b;
-        const unsigned long long col = row * d.width + (is_c ? d.off_c : d.off_b) + (unsigned long long)g * d.d_state;
-        float acc = 0.0f;
-        for (unsigned n = lane; n < d.d_state; n += 32) {
-            float gn = 0.0f;
-            for (unsigned h = g * hpg; h < (g + 1) * hpg; ++h) {
-                gn += grad[(row * d.nheads + h) * d.d_state + n];
-            }
-            float x = (float)proj[col + n];
-            contrib[rg * d.d_state + n] = gn * x * r;
-            acc = fmaf(gn * wn[n], x, acc);
-        }
-        const float c = r * r * r * m3_warp_sum(acc) / (float)d.d_state;
-        for (unsigned n = lane; n < d.d_state; n += 32) {
-            float gn = 0.0f;
-            for (unsigned h = g * hpg; h < (g + 1) * hpg; ++h) {
-                gn += grad[(row * d.nheads + h) * d.d_state + n];
-            }
-            dproj[col + n] = (T)(r * wn[n] * gn - c * (float)proj[col + n]);
-        }
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
-    m3_bcnorm_bwd_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b,
-                      const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
-                      const float* __restrict__ c_norm, const float* __restrict__ dkb, const float* __restrict__ dqb,
-                      float* __restrict__ dproj, float* __restrict__ contrib_b, float* __restrict__ contrib_c,
-                      M3Dims d) {
-    bcnorm_bwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, dkb, dqb, dproj, contrib_b, contrib_c, d);
 }
 
 // Column sums of x[rows, ld] over columns [off, off + cols): out[c] =

@@ -123,6 +123,15 @@ __device__ __forceinline__ float m3_hat(float x, float rstd, float w, float bias
     return fmaf(x * rstd, w, bias);
 }
 
+// Loads / stores an interleaved pair (p[0], p[1]); p is 8-byte aligned
+// (pairs start at even indices of buffers whose rows have an even length).
+__device__ __forceinline__ float2 m3_load_pair(const float* p) {
+    return *reinterpret_cast<const float2*>(p);
+}
+__device__ __forceinline__ void m3_store_pair(float* p, float a, float b) {
+    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+
 // Rotates the interleaved pair (a, b) by +phi, given sin and cos of phi.
 __device__ __forceinline__ void m3_rotate(float& a, float& b, float sn, float cs) {
     const float x = fmaf(a, cs, -(b * sn));

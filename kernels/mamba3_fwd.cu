@@ -200,10 +200,8 @@ __device__ void qk_fwd(const T* __restrict__ proj, const float* __restrict__ rst
                 m3_rotate(kb0, kb1, sn, cs);
                 m3_rotate(qb0, qb1, sn, cs);
             }
-            k[w * d.d_state + j0] = (T)kb0;
-            k[w * d.d_state + j1] = (T)kb1;
-            q[w * d.d_state + j0] = (T)qb0;
-            q[w * d.d_state + j1] = (T)qb1;
+            m3_store_pair(k + w * d.d_state + j0, kb0, kb1);
+            m3_store_pair(q + w * d.d_state + j0, qb0, qb1);
         }
         dot = m3_warp_sum(dot);
         if (lane == 0) {

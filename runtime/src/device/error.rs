@@ -199,6 +199,16 @@ pub enum GpuError {
         /// Length given.
         actual: usize,
     },
+    /// A size beyond what a kernel's register tiles hold.
+    #[error("{what} is {value}, but the kernel supports at most {max}")]
+    ShapeLimit {
+        /// Which size.
+        what: &'static str,
+        /// Its value.
+        value: usize,
+        /// The largest supported.
+        max: usize,
+    },
     /// A buffer is smaller than an operation needs.
     #[error("{what} holds {have} elements but {need} are needed")]
     BufferTooSmall {

@@ -234,12 +234,19 @@ pub fn scan_bwd(
     Ok(())
 }
 
-/// Rotation backward: un-rotates `dq`/`dk` in place (adding the diagonal
-/// term's share) and writes `dphi`. `fwd` is `[phi, dt, lam]`; the rotated
-/// q/k that `dphi` needs are rebuilt from `proj`, so no per-head q/k is
-/// read.
+/// Largest `d_state` of [`rot_bcnorm_bwd`] (a lane keeps four pairs of
+/// per-group sums in registers; `M3_RB_MAX_PAIRS` in mamba3_bwd.cu).
+pub const ROT_BCNORM_MAX_STATE: usize = 256;
+
+/// Rotation and B/C-norm backward in one pass: un-rotates `dq`/`dk` in
+/// place (adding the diagonal term's share; their column sums are the bias
+/// gradients), writes `dphi`, the B and C columns of `dproj` (the RMSNorm
+/// backward of the per-group sums over heads) and `contrib` `[B, C]`
+/// `[rows, G, N]` (whose column sums are the norm weight gradients). `fwd`
+/// is `[phi, dt, lam]`; the rotated q/k that `dphi` needs are rebuilt from
+/// `proj`, so no per-head q/k is read.
 #[allow(clippy::too_many_arguments)]
-pub fn rot_bwd(
+pub fn rot_bcnorm_bwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
     proj: &DeviceBuffer<f32>,
@@ -250,29 +257,43 @@ pub fn rot_bwd(
     dq: &mut DeviceBuffer<f32>,
     dk: &mut DeviceBuffer<f32>,
     dphi: &mut DeviceBuffer<f32>,
+    dproj: &mut DeviceBuffer<f32>,
+    contrib: [&mut DeviceBuffer<f32>; 2],
 ) -> Result<(), GpuError> {
+    if sh.d_state > ROT_BCNORM_MAX_STATE {
+        return Err(GpuError::ShapeLimit {
+            what: "rotation/B-C norm backward: d_state",
+            value: sh.d_state,
+            max: ROT_BCNORM_MAX_STATE,
+        });
+    }
     let d = sh.dims()?;
     let [rb, rc] = rstd;
     let [bn, cn, bb, cb] = params;
     let [phi, dt, lam] = fwd;
+    let [contrib_b, contrib_c] = contrib;
     let hn = sh.per_row(sh.nheads * sh.d_state)?;
     let rh = sh.per_row(sh.nheads)?;
     let hs = sh.per_row(sh.nheads * sh.angles)?;
-    need(gpu, "rot_bwd: proj", proj, sh.per_row(sh.width)?)?;
-    need(gpu, "rot_bwd: rstd_b", rb, sh.per_row(sh.ngroups)?)?;
-    need(gpu, "rot_bwd: rstd_c", rc, sh.per_row(sh.ngroups)?)?;
-    need(gpu, "rot_bwd: B_norm", bn, sh.d_state)?;
-    need(gpu, "rot_bwd: C_norm", cn, sh.d_state)?;
-    need(gpu, "rot_bwd: B_bias", bb, sh.nheads * sh.d_state)?;
-    need(gpu, "rot_bwd: C_bias", cb, sh.nheads * sh.d_state)?;
-    need(gpu, "rot_bwd: phi", phi, hs)?;
-    need(gpu, "rot_bwd: dt", dt, rh)?;
-    need(gpu, "rot_bwd: lam", lam, rh)?;
-    need(gpu, "rot_bwd: dqkdot", dqkdot, rh)?;
-    need(gpu, "rot_bwd: dq", dq, hn)?;
-    need(gpu, "rot_bwd: dk", dk, hn)?;
-    need(gpu, "rot_bwd: dphi", dphi, hs)?;
-    let f = gpu.kernel("m3_rot_bwd_f32")?;
+    let gn = sh.per_row(sh.ngroups * sh.d_state)?;
+    need(gpu, "rot_bcnorm_bwd: proj", proj, sh.per_row(sh.width)?)?;
+    need(gpu, "rot_bcnorm_bwd: rstd_b", rb, sh.per_row(sh.ngroups)?)?;
+    need(gpu, "rot_bcnorm_bwd: rstd_c", rc, sh.per_row(sh.ngroups)?)?;
+    need(gpu, "rot_bcnorm_bwd: B_norm", bn, sh.d_state)?;
+    need(gpu, "rot_bcnorm_bwd: C_norm", cn, sh.d_state)?;
+    need(gpu, "rot_bcnorm_bwd: B_bias", bb, sh.nheads * sh.d_state)?;
+    need(gpu, "rot_bcnorm_bwd: C_bias", cb, sh.nheads * sh.d_state)?;
+    need(gpu, "rot_bcnorm_bwd: phi", phi, hs)?;
+    need(gpu, "rot_bcnorm_bwd: dt", dt, rh)?;
+    need(gpu, "rot_bcnorm_bwd: lam", lam, rh)?;
+    need(gpu, "rot_bcnorm_bwd: dqkdot", dqkdot, rh)?;
+    need(gpu, "rot_bcnorm_bwd: dq", dq, hn)?;
+    need(gpu, "rot_bcnorm_bwd: dk", dk, hn)?;
+    need(gpu, "rot_bcnorm_bwd: dphi", dphi, hs)?;
+    need(gpu, "rot_bcnorm_bwd: dproj", dproj, sh.per_row(sh.width)?)?;
+    need(gpu, "rot_bcnorm_bwd: contrib_b", contrib_b, gn)?;
+    need(gpu, "rot_bcnorm_bwd: contrib_c", contrib_c, gn)?;
+    let f = gpu.kernel("m3_rot_bcnorm_bwd_f32")?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(proj.slice()?).arg(rb.slice()?).arg(rc.slice()?);
     b.arg(bn.slice()?)
@@ -284,11 +305,16 @@ pub fn rot_bwd(
     b.arg(dq.slice_mut()?)
         .arg(dk.slice_mut()?)
         .arg(dphi.slice_mut()?)
+        .arg(dproj.slice_mut()?);
+    b.arg(contrib_b.slice_mut()?)
+        .arg(contrib_c.slice_mut()?)
         .arg(&d);
-    // SAFETY: one warp per (row, head) touches that (row, head)'s slices of
-    // buffers whose lengths were all checked; dq/dk are updated in place by
-    // the lane that reads them.
-    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_rot_bwd_f32")?;
+    // SAFETY: one warp per (row, group) touches that row's slices of every
+    // buffer (the group's heads in dq/dk/dphi, its B/C columns of proj and
+    // dproj, its [G x N] contrib slice), all lengths checked above; d_state
+    // is at most ROT_BCNORM_MAX_STATE, the pairs a lane's registers hold.
+    unsafe { b.launch(warp_blocks(sh.rows * sh.ngroups)?) }
+        .during("launch m3_rot_bcnorm_bwd_f32")?;
     Ok(())
 }
 
@@ -379,55 +405,6 @@ pub fn scalar_bwd(
     // all checked above.
     unsafe { b.launch(thread_blocks(sh.per_row(sh.angles)?)?) }
         .during("launch m3_dtheta_bwd_f32")?;
-    Ok(())
-}
-
-/// B/C RMSNorm backward: the B and C columns of `dproj` and the norm
-/// weights' per-(row, group) shares.
-#[allow(clippy::too_many_arguments)]
-pub fn bcnorm_bwd(
-    gpu: &Gpu,
-    sh: &Mamba3Shape,
-    proj: &DeviceBuffer<f32>,
-    rstd: [&DeviceBuffer<f32>; 2],
-    norms: [&DeviceBuffer<f32>; 2],
-    dkb: &DeviceBuffer<f32>,
-    dqb: &DeviceBuffer<f32>,
-    dproj: &mut DeviceBuffer<f32>,
-    contrib_b: &mut DeviceBuffer<f32>,
-    contrib_c: &mut DeviceBuffer<f32>,
-) -> Result<(), GpuError> {
-    let d = sh.dims()?;
-    let [rb, rc] = rstd;
-    let [bn, cn] = norms;
-    let hn = sh.per_row(sh.nheads * sh.d_state)?;
-    let gn = sh.per_row(sh.ngroups * sh.d_state)?;
-    need(gpu, "bcnorm_bwd: proj", proj, sh.per_row(sh.width)?)?;
-    need(gpu, "bcnorm_bwd: rstd_b", rb, sh.per_row(sh.ngroups)?)?;
-    need(gpu, "bcnorm_bwd: rstd_c", rc, sh.per_row(sh.ngroups)?)?;
-    need(gpu, "bcnorm_bwd: B_norm", bn, sh.d_state)?;
-    need(gpu, "bcnorm_bwd: C_norm", cn, sh.d_state)?;
-    need(gpu, "bcnorm_bwd: dkb", dkb, hn)?;
-    need(gpu, "bcnorm_bwd: dqb", dqb, hn)?;
-    need(gpu, "bcnorm_bwd: dproj", dproj, sh.per_row(sh.width)?)?;
-    need(gpu, "bcnorm_bwd: contrib_b", contrib_b, gn)?;
-    need(gpu, "bcnorm_bwd: contrib_c", contrib_c, gn)?;
-    let f = gpu.kernel("m3_bcnorm_bwd_f32")?;
-    let mut b = gpu.stream().launch_builder(f);
-    b.arg(proj.slice()?)
-        .arg(rb.slice()?)
-        .arg(rc.slice()?)
-        .arg(bn.slice()?)
-        .arg(cn.slice()?);
-    b.arg(dkb.slice()?)
-        .arg(dqb.slice()?)
-        .arg(dproj.slice_mut()?)
-        .arg(contrib_b.slice_mut()?);
-    b.arg(contrib_c.slice_mut()?).arg(&d);
-    // SAFETY: one warp per (row, group, B|C) touches that row's B or C
-    // columns and its [rows x G x N] contrib slice; all lengths checked.
-    unsafe { b.launch(warp_blocks(sh.rows * sh.ngroups * 2)?) }
-        .during("launch m3_bcnorm_bwd_f32")?;
     Ok(())
 }
 

@@ -280,8 +280,8 @@ fn mixer_backward<T: Compute>(
     probe.enter(gpu, E, "colsum (param grads)")?;
     kb::colsum(gpu, dskip_part, dd_rows, nh, nh, 0, partials, &mut lg.d)?;
 
-    probe.enter(gpu, E, "rotate bwd")?;
-    kb::rot_bwd(
+    probe.enter(gpu, E, "rotate + B/C norm bwd")?;
+    kb::rot_bcnorm_bwd(
         gpu,
         sh,
         &la.proj,
@@ -292,10 +292,14 @@ fn mixer_backward<T: Compute>(
         dq,
         dk,
         dphi,
+        dproj,
+        [&mut *contrib, &mut *contrib_c],
     )?;
     probe.enter(gpu, E, "colsum (param grads)")?;
     kb::colsum(gpu, dk, rows, nh * n, nh * n, 0, partials, &mut lg.b_bias)?;
     kb::colsum(gpu, dq, rows, nh * n, nh * n, 0, partials, &mut lg.c_bias)?;
+    kb::colsum(gpu, contrib, rows * ng, n, n, 0, partials, &mut lg.b_norm)?;
+    kb::colsum(gpu, contrib_c, rows * ng, n, n, 0, partials, &mut lg.c_norm)?;
 
     probe.enter(gpu, S, "angle cumsum bwd")?;
     kb::angle_bwd(gpu, sh, dphi)?;
@@ -320,23 +324,6 @@ fn mixer_backward<T: Compute>(
         partials,
         &mut lg.dt_bias,
     )?;
-
-    probe.enter(gpu, E, "B/C norm bwd")?;
-    kb::bcnorm_bwd(
-        gpu,
-        sh,
-        &la.proj,
-        [&la.rstd_b, &la.rstd_c],
-        [&lw.b_norm, &lw.c_norm],
-        dk,
-        dq,
-        dproj,
-        contrib,
-        contrib_c,
-    )?;
-    probe.enter(gpu, E, "colsum (param grads)")?;
-    kb::colsum(gpu, contrib, rows * ng, n, n, 0, partials, &mut lg.b_norm)?;
-    kb::colsum(gpu, contrib_c, rows * ng, n, n, 0, partials, &mut lg.c_norm)?;
 
     // proj = u W_in^T
     probe.enter(gpu, G, "in_proj dW")?;
