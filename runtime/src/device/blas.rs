@@ -363,6 +363,35 @@ impl Gpu {
         self.gemm_ex(g, [stage.len(), b.len(), c.len()], args)
     }
 
+    /// [`gemm_bf16_f32_staged_a`](Self::gemm_bf16_f32_staged_a) for two
+    /// products that share the f32 A operand (a layer's weight and input
+    /// gradients from one upstream gradient): A is rounded into
+    /// `half_staging` once, then each `(g, b, c)` runs from the staged copy.
+    pub fn gemm_bf16_f32_staged_a2(
+        &self,
+        a: &DeviceBuffer<f32>,
+        first: (&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>),
+        second: (&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>),
+    ) -> Result<(), GpuError> {
+        self.check_owned("GEMM A (f32, staged)", a)?;
+        let mut stage = self.scratch_view::<bf16>(super::HALF_STAGING, a.len())?;
+        crate::kernels::elementwise::f32_to_bf16_staged(self, a, &mut stage)?;
+        for (g, b, c) in [first, second] {
+            self.check_owned("GEMM B", b)?;
+            self.check_owned("GEMM C", c)?;
+            let args = GemmEx {
+                a: stage.device_addr()?,
+                b: b.device_addr(),
+                c: c.device_addr(),
+                ab_type: blas_sys::cudaDataType::CUDA_R_16BF,
+                c_type: blas_sys::cudaDataType::CUDA_R_32F,
+                compute: blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            };
+            self.gemm_ex(g, [stage.len(), b.len(), c.len()], args)?;
+        }
+        Ok(())
+    }
+
     fn gemm_args<T: Element, U: Element>(
         &self,
         a: &DeviceBuffer<T>,

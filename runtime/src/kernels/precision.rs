@@ -53,6 +53,16 @@ pub trait Compute: Element + sealed::Sealed {
         c: &mut DeviceBuffer<f32>,
     ) -> Result<(), GpuError>;
 
+    /// Two [`gemm_grad`](Self::gemm_grad)s that share the f32 A operand
+    /// (a layer's weight and input gradients): the mixed step rounds A to
+    /// bf16 once for both.
+    fn gemm_grad2(
+        gpu: &Gpu,
+        a: &DeviceBuffer<f32>,
+        first: (&Gemm, &DeviceBuffer<Self>, &mut DeviceBuffer<f32>),
+        second: (&Gemm, &DeviceBuffer<Self>, &mut DeviceBuffer<f32>),
+    ) -> Result<(), GpuError>;
+
     /// Elements of `half_staging` a gradient GEMM of `a_len` A elements needs
     /// (0 when nothing is staged).
     fn staging_elems(a_len: usize) -> usize;
@@ -85,6 +95,18 @@ impl Compute for f32 {
         gpu.gemm_f32(g, a, b, c)
     }
 
+    fn gemm_grad2(
+        gpu: &Gpu,
+        a: &DeviceBuffer<f32>,
+        first: (&Gemm, &DeviceBuffer<f32>, &mut DeviceBuffer<f32>),
+        second: (&Gemm, &DeviceBuffer<f32>, &mut DeviceBuffer<f32>),
+    ) -> Result<(), GpuError> {
+        for (g, b, c) in [first, second] {
+            gpu.gemm_f32(g, a, b, c)?;
+        }
+        Ok(())
+    }
+
     fn staging_elems(_a_len: usize) -> usize {
         0
     }
@@ -114,6 +136,15 @@ impl Compute for bf16 {
         c: &mut DeviceBuffer<f32>,
     ) -> Result<(), GpuError> {
         gpu.gemm_bf16_f32_staged_a(g, a, b, c)
+    }
+
+    fn gemm_grad2(
+        gpu: &Gpu,
+        a: &DeviceBuffer<f32>,
+        first: (&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>),
+        second: (&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>),
+    ) -> Result<(), GpuError> {
+        gpu.gemm_bf16_f32_staged_a2(a, first, second)
     }
 
     fn staging_elems(a_len: usize) -> usize {

@@ -11,7 +11,8 @@
 //! One body, [`backward_probed`] (the step ops reach it through
 //! [`backward_with`] with [`NoProbe`]; see `forward` for the probe),
 //! generic over the compute type: every GEMM's
-//! A operand is an f32 gradient (staged to bf16 by `Compute::gemm_grad` in
+//! A operand is an f32 gradient (staged to bf16 by `Compute::gemm_grad` /
+//! `gemm_grad2`, once for a layer's weight and input gradients, in
 //! the mixed step), its B operand an activation or weight copy in the
 //! compute type; gradients come out in f32.
 
@@ -218,16 +219,13 @@ fn mixer_backward<T: Compute>(
     } = work;
 
     // out = o W_out^T
-    probe.enter(gpu, G, "out_proj dW")?;
-    T::gemm_grad(
+    probe.enter(gpu, G, "out_proj dW + dX")?;
+    T::gemm_grad2(
         gpu,
-        &Gemm::new(dm, di, rows).trans_a(),
         dh,
-        &la.o,
-        &mut lg.out_proj,
+        (&Gemm::new(dm, di, rows).trans_a(), &la.o, &mut lg.out_proj),
+        (&Gemm::new(rows, di, dm), w_out, d_o),
     )?;
-    probe.enter(gpu, G, "out_proj dX")?;
-    T::gemm_grad(gpu, &Gemm::new(rows, di, dm), dh, w_out, d_o)?;
     probe.enter(gpu, E, "gate bwd")?;
     kb::gate_bwd(
         gpu,
@@ -326,16 +324,13 @@ fn mixer_backward<T: Compute>(
     )?;
 
     // proj = u W_in^T
-    probe.enter(gpu, G, "in_proj dW")?;
-    T::gemm_grad(
+    probe.enter(gpu, G, "in_proj dW + dX")?;
+    T::gemm_grad2(
         gpu,
-        &Gemm::new(e, dm, rows).trans_a(),
         dproj,
-        &la.u,
-        &mut lg.in_proj,
+        (&Gemm::new(e, dm, rows).trans_a(), &la.u, &mut lg.in_proj),
+        (&Gemm::new(rows, dm, e), w_in, dnorm),
     )?;
-    probe.enter(gpu, G, "in_proj dX")?;
-    T::gemm_grad(gpu, &Gemm::new(rows, dm, e), dproj, w_in, dnorm)?;
     probe.enter(gpu, E, "rmsnorm bwd")?;
     kb::rmsnorm_bwd(
         gpu, rows, dm, &la.h_in, &lw.norm, &la.rstd, dnorm, dh, contrib, true,
