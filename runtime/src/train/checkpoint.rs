@@ -6,7 +6,8 @@
 //!   config.json            official MambaConfig   (mamba3::checkpoint)
 //!   model.safetensors      official parameter names, f32
 //!   optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name>, f32
-//!   train_state.json       step counters, seed, data spec and position
+//!   train_state.json       the run's whole configuration, step counters,
+//!                          data fingerprint and position, file checksums
 //! ```
 //!
 //! The model files are a plain official-layout checkpoint, so `stepgraph
@@ -15,17 +16,25 @@
 //! Writes are atomic: the directory is built as `.tmp-step-N`, every file
 //! and the directory are fsynced, then it is renamed into place and the
 //! parent is fsynced. A crash leaves either the previous set of checkpoints
-//! or the new one, never a half-written `step-N`. After a save, only the
-//! newest `keep` checkpoints remain.
+//! or the new one, never a half-written `step-N`. After a save, the run's
+//! checkpoints up to that step are pruned to the newest `keep`; newer ones
+//! (which a rewound run has moved away anyway) are never touched.
+//!
+//! `train_state.json` records an xxh3 checksum of the other three files, so
+//! a checkpoint damaged after it was written (a torn copy, a bad disk) is
+//! recognised: [`find`] then falls back to the newest intact one.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 
 use super::TrainError;
-use super::data::{DataPosition, DataSpec};
+use super::config::RunConfig;
+use super::data::{DataPosition, Fingerprint};
 use super::engine::{EngineState, Moments};
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::checkpoint::{self as model_ckpt, CheckpointError};
@@ -37,12 +46,13 @@ pub const STATE_FILE: &str = "train_state.json";
 pub const OPTIM_FILE: &str = "optimizer.safetensors";
 /// Subdirectory of a run holding its checkpoints.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
-const FORMAT: u32 = 1;
+/// Layout version of `train_state.json` this build writes and reads.
+pub const FORMAT: u32 = 2;
 
-/// `train_state.json`: what the run was and where it stood.
+/// `train_state.json`: what the run is and where it stood.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainState {
-    /// Layout version of this file.
+    /// Layout version of this file ([`FORMAT`]).
     pub format: u32,
     /// Steps run (skipped ones included).
     pub step: u64,
@@ -50,21 +60,19 @@ pub struct TrainState {
     pub adam_steps: u64,
     /// Steps skipped for non-finite gradients.
     pub skipped: u64,
-    /// The run's seed.
-    pub seed: u64,
-    /// Batch rows.
-    pub batch: usize,
-    /// `f32` or `bf16`.
-    pub precision: String,
-    /// The data the run trains on.
-    pub data: DataSpec,
-    /// Whether the states rotate (`false`: the `--no-rotation` ablation).
-    #[serde(default = "yes")]
-    pub rotation: bool,
+    /// The run's whole configuration: `--resume` alone continues it.
+    pub run: RunConfig,
+    /// The engine that ran the steps so far (`cpu f32`, `cuda graph bf16`).
+    pub engine: String,
+    /// Size and hash of a `--data` file.
+    pub data_fingerprint: Option<Fingerprint>,
     /// Training batches drawn.
     pub data_batches: u64,
     /// Word position of the training stream (decimal: JSON numbers are f64).
     pub data_word_pos: String,
+    /// xxh3-64 (hex) of each other file of the checkpoint.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
 }
 
 impl TrainState {
@@ -84,10 +92,6 @@ impl TrainState {
     }
 }
 
-fn yes() -> bool {
-    true
-}
-
 /// Name of the checkpoint directory of step `step`.
 pub fn step_dir_name(step: u64) -> String {
     format!("step-{step:08}")
@@ -103,8 +107,25 @@ fn sync_path(path: &Path) -> Result<(), TrainError> {
         .map_err(TrainError::io(path))
 }
 
-/// Writes one checkpoint atomically under `root` and prunes all but the
-/// newest `keep` (at least 1). Returns its directory.
+/// xxh3-64 of a file's bytes, as 16 hex digits.
+pub fn file_hash(path: &Path) -> Result<String, TrainError> {
+    let mut file = File::open(path).map_err(TrainError::io(path))?;
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(TrainError::io(path))?;
+        if n == 0 {
+            return Ok(format!("{:016x}", hasher.digest()));
+        }
+        hasher.update(&buf[..n]);
+    }
+}
+
+/// The files a checksum covers.
+const CHECKED_FILES: [&str; 3] = [model_ckpt::CONFIG_FILE, model_ckpt::WEIGHTS_FILE, OPTIM_FILE];
+
+/// Writes one checkpoint atomically under `root` and prunes the checkpoints
+/// up to its step to the newest `keep` (at least 1). Returns its directory.
 pub fn save(
     root: &Path,
     cfg: &Mamba3Config,
@@ -126,7 +147,16 @@ pub fn save(
         tensors.push((format!("exp_avg_sq.{}", spec.name), spec.shape.clone(), v));
     }
     model_ckpt::write_tensors(&tmp.join(OPTIM_FILE), &tensors)?;
-    let json = serde_json::to_string_pretty(train).unwrap_or_default();
+    let mut train = train.clone();
+    for file in CHECKED_FILES {
+        train
+            .files
+            .insert(file.to_owned(), file_hash(&tmp.join(file))?);
+    }
+    let json = serde_json::to_string_pretty(&train).map_err(|e| TrainError::BadCheckpoint {
+        dir: tmp.clone(),
+        reason: format!("{STATE_FILE}: {e}"),
+    })?;
     let state_path = tmp.join(STATE_FILE);
     fs::write(&state_path, json + "\n").map_err(TrainError::io(&state_path))?;
     for file in [
@@ -145,7 +175,7 @@ pub fn save(
     }
     fs::rename(&tmp, &dest).map_err(TrainError::io(&dest))?;
     sync_path(root)?;
-    prune(root, keep)?;
+    prune(root, keep, train.step)?;
     Ok(dest)
 }
 
@@ -167,29 +197,98 @@ pub fn list(root: &Path) -> Result<Vec<(u64, PathBuf)>, TrainError> {
     Ok(out)
 }
 
-fn prune(root: &Path, keep: usize) -> Result<(), TrainError> {
-    let all = list(root)?;
-    let excess = all.len().saturating_sub(keep.max(1));
-    for (_, dir) in &all[..excess] {
+/// Removes the oldest checkpoints at or before `step` until `keep` of them
+/// remain. Checkpoints after `step` are not this run's past: never touched.
+fn prune(root: &Path, keep: usize, step: u64) -> Result<(), TrainError> {
+    let past: Vec<(u64, PathBuf)> = list(root)?
+        .into_iter()
+        .filter(|&(s, _)| s <= step)
+        .collect();
+    let excess = past.len().saturating_sub(keep.max(1));
+    for (_, dir) in &past[..excess] {
         fs::remove_dir_all(dir).map_err(TrainError::io(dir))?;
     }
     Ok(())
 }
 
-/// Resolves a `--resume` argument: a checkpoint directory itself, or a run
-/// directory (or its `checkpoints/`) whose newest checkpoint is taken.
-pub fn resolve(path: &Path) -> Result<PathBuf, TrainError> {
+/// The run directory a `--resume` argument belongs to: the run of a
+/// checkpoint in `<run>/checkpoints/step-N`, a run directory itself, or the
+/// run of its `checkpoints/`. `None` for a checkpoint outside any run.
+pub fn run_dir_for(path: &Path) -> Option<PathBuf> {
     if path.join(STATE_FILE).is_file() {
-        return Ok(path.to_path_buf());
+        return run_dir_of(path);
     }
-    for root in [path.join(CHECKPOINTS_DIR), path.to_path_buf()] {
-        if let Some((_, dir)) = list(&root)?.pop() {
-            return Ok(dir);
+    if path.join(CHECKPOINTS_DIR).is_dir() {
+        return Some(path.to_path_buf());
+    }
+    if path.file_name()? == CHECKPOINTS_DIR {
+        return path.parent().map(Path::to_path_buf);
+    }
+    None
+}
+
+/// A checkpoint found for `--resume`, loaded and verified.
+#[derive(Debug)]
+pub struct Found {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// The model.
+    pub cfg: Mamba3Config,
+    /// Weights, moments, counters.
+    pub state: EngineState,
+    /// The run and its position.
+    pub train: TrainState,
+    /// Newer checkpoints that could not be used, with why.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// Resolves and loads a `--resume` argument: a checkpoint directory itself
+/// (which must be intact), or a run directory (or its `checkpoints/`),
+/// whose newest *intact* checkpoint is taken; the unusable newer ones are
+/// listed in [`Found::skipped`].
+pub fn find(path: &Path) -> Result<Found, TrainError> {
+    if path.join(STATE_FILE).is_file() {
+        let (cfg, state, train) = load(path)?;
+        return Ok(Found {
+            dir: path.to_path_buf(),
+            cfg,
+            state,
+            train,
+            skipped: Vec::new(),
+        });
+    }
+    let root = if path.join(CHECKPOINTS_DIR).is_dir() {
+        path.join(CHECKPOINTS_DIR)
+    } else {
+        path.to_path_buf()
+    };
+    let mut skipped = Vec::new();
+    for (_, dir) in list(&root)?.into_iter().rev() {
+        match load(&dir) {
+            Ok((cfg, state, train)) => {
+                return Ok(Found {
+                    dir,
+                    cfg,
+                    state,
+                    train,
+                    skipped,
+                });
+            }
+            Err(e) => skipped.push((dir, e.to_string())),
         }
     }
+    let reason = if skipped.is_empty() {
+        format!("no checkpoint here (no {STATE_FILE}, no step-* directory)")
+    } else {
+        let each: Vec<String> = skipped
+            .iter()
+            .map(|(d, why)| format!("{}: {why}", d.display()))
+            .collect();
+        format!("no intact checkpoint ({})", each.join("; "))
+    };
     Err(TrainError::BadCheckpoint {
         dir: path.to_path_buf(),
-        reason: format!("no checkpoint here (no {STATE_FILE}, no step-* directory)"),
+        reason,
     })
 }
 
@@ -207,13 +306,33 @@ pub fn load(dir: &Path) -> Result<(Mamba3Config, EngineState, TrainState), Train
     };
     let state_path = dir.join(STATE_FILE);
     let text = fs::read_to_string(&state_path).map_err(TrainError::io(&state_path))?;
+    let format = serde_json::from_str::<serde_json::Value>(&text)
+        .map_err(|e| bad(format!("{STATE_FILE}: {e}")))?
+        .get("format")
+        .and_then(serde_json::Value::as_u64);
+    if format != Some(u64::from(FORMAT)) {
+        return Err(bad(format!(
+            "{STATE_FILE} has format {}, this build reads {FORMAT} (format 1 did not save the \
+             run's settings; its weights still load with `stepgraph eval --checkpoint`)",
+            format.map_or_else(|| "none".into(), |f| f.to_string())
+        )));
+    }
     let train: TrainState =
         serde_json::from_str(&text).map_err(|e| bad(format!("{STATE_FILE}: {e}")))?;
-    if train.format != FORMAT {
-        return Err(bad(format!(
-            "{STATE_FILE} has format {}, this build reads {FORMAT}",
-            train.format
-        )));
+    for file in CHECKED_FILES {
+        let want = train
+            .files
+            .get(file)
+            .ok_or_else(|| bad(format!("{STATE_FILE} has no checksum of {file}")))?;
+        let path = dir.join(file);
+        if !path.is_file() {
+            return Err(bad(format!("{file} is missing")));
+        }
+        if &file_hash(&path)? != want {
+            return Err(bad(format!(
+                "{file} does not match its checksum (damaged or changed after it was written)"
+            )));
+        }
     }
     let (cfg, weights) = model_ckpt::load::<f32>(dir)?;
     let optim_path = dir.join(OPTIM_FILE);

@@ -1,19 +1,27 @@
-//! Training: data ([`data`]), the step engine seam ([`engine`]) and its CPU
-//! and f32 GPU implementations ([`cpu`], [`gpu`]), the lr schedule ([`schedule`]), run checkpoints
-//! ([`checkpoint`]), what the user sees ([`report`]) and the loop ([`run`]).
+//! Training: what a run is ([`config`]) and how much memory it needs
+//! ([`memory`]), data ([`data`]), the step engine seam ([`engine`]) and its
+//! CPU and GPU implementations ([`cpu`], [`gpu`]), the lr schedule
+//! ([`schedule`]), run directories ([`rundir`]) and checkpoints
+//! ([`checkpoint`]), stopping on a signal ([`stop`]), what the user sees
+//! ([`report`], [`plot`]) and the loop ([`run`]).
 //!
 //! `stepgraph train` is a thin shell over [`run::train`]: it turns flags into
-//! [`run::TrainOptions`], picks an engine, and maps [`TrainError`] to exit
-//! codes ([`TrainError::exit_code`]).
+//! [`run::TrainOptions`], installs the signal handler, and maps
+//! [`TrainError`] to exit codes ([`TrainError::exit_code`]).
 
 pub mod checkpoint;
+pub mod config;
 pub mod cpu;
 pub mod data;
 pub mod engine;
 pub mod gpu;
+pub mod memory;
+pub mod plot;
 pub mod report;
 pub mod run;
+pub mod rundir;
 pub mod schedule;
+pub mod stop;
 
 use std::path::PathBuf;
 
@@ -25,8 +33,10 @@ pub use engine::{
     TrainEngine,
 };
 pub use gpu::{GpuBf16Engine, GpuEngine, GpuF32Engine, GraphStep};
-pub use run::{Device, Precision, RunSummary, TrainOptions, train};
+pub use config::{Decay, Device, ModelSize, Precision, RunConfig, Setting};
+pub use run::{Resume, RunStatus, RunSummary, TrainOptions, train};
 pub use schedule::LrSchedule;
+pub use stop::{SignalAction, Stop};
 
 use crate::mamba3::ConfigError;
 use crate::mamba3::checkpoint::CheckpointError;
@@ -86,6 +96,79 @@ pub enum TrainError {
         /// The vocabulary size.
         vocab_size: usize,
     },
+    /// The run would not fit in memory (a usage error: exit code 2).
+    #[error(
+        "memory: this run needs about {need} ({parts}), {place} has {have} available; \
+         lower {flags}"
+    )]
+    TooBig {
+        /// The flags that size the biggest part.
+        flags: &'static str,
+        /// The estimate.
+        need: String,
+        /// The estimate by part.
+        parts: String,
+        /// What is available.
+        have: String,
+        /// `the host` or the GPU's name.
+        place: String,
+    },
+    /// `--run-dir` names a directory that is not empty (exit code 2).
+    #[error(
+        "--run-dir {}: {}",
+        dir.display(),
+        if *holds_run {
+            format!(
+                "already holds a run; continue it with `stepgraph train --resume {}`, \
+                 or choose another --run-dir",
+                dir.display()
+            )
+        } else {
+            "exists and is not empty; choose another --run-dir".to_owned()
+        }
+    )]
+    RunDirTaken {
+        /// The directory.
+        dir: PathBuf,
+        /// Whether it holds a run (checkpoints or metrics).
+        holds_run: bool,
+    },
+    /// Another process trains in this run directory.
+    #[error(
+        "run {} is in use by another stepgraph process{}; wait for it or stop it first",
+        dir.display(),
+        pid.map_or_else(String::new, |p| format!(" (pid {p})"))
+    )]
+    RunInUse {
+        /// The run directory.
+        dir: PathBuf,
+        /// The process holding it, as its lock file says.
+        pid: Option<u32>,
+    },
+    /// A flag given with `--resume` would change the run (exit code 2).
+    #[error(
+        "{flag}: the run being resumed has `{saved}`, this command says `{given}`; a resumed run \
+         keeps its settings (leave {flag} out, or start a new run to change it)"
+    )]
+    ResumeChange {
+        /// The flag.
+        flag: &'static str,
+        /// Its value in the run, as flags.
+        saved: String,
+        /// The value given.
+        given: String,
+    },
+    /// The run's data file is not the one it trained on.
+    #[error(
+        "data file {}: changed since the run started ({reason}); a resumed run needs the same data",
+        path.display()
+    )]
+    DataChanged {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
     /// The model flags describe no valid model.
     #[error("model: {0}")]
     Config(#[from] ConfigError),
@@ -124,18 +207,36 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
+    /// The plot could not be drawn.
+    #[error("{}: {source}", path.display())]
+    Plot {
+        /// The plot file.
+        path: PathBuf,
+        /// What plotters reported.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The engine failed.
     #[error("step: {0}")]
     Engine(#[from] EngineError),
 }
 
 impl TrainError {
-    /// Process exit code: 2 for usage errors, 1 for everything else.
+    /// Process exit code: 2 for usage errors (a flag the run cannot use),
+    /// 1 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::InvalidOption { .. } => 2,
+            Self::InvalidOption { .. }
+            | Self::TooBig { .. }
+            | Self::RunDirTaken { .. }
+            | Self::ResumeChange { .. } => 2,
             _ => 1,
         }
+    }
+
+    /// Whether this is a usage error (exit code 2).
+    pub fn is_usage(&self) -> bool {
+        self.exit_code() == 2
     }
 
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {

@@ -1,156 +1,129 @@
-//! The training loop: options, engine selection, resume, the step loop with
+//! The training job: start a run (or resume one), then the step loop with
 //! evaluation, metrics and checkpoints, and the final summary.
+//!
+//! Starting checks everything a flag can get wrong before anything is
+//! allocated ([`config::validate`], [`config::model_config`], the memory
+//! estimate of [`memory`]), then claims the run directory ([`RunDir`]). A
+//! resume loads the newest intact checkpoint, continues the run *it* saved
+//! (flags typed again are compared with it, [`config::merge_resume`]),
+//! refuses a data file whose fingerprint changed, and rewinds the run
+//! directory to the checkpoint's step.
 //!
 //! Per step the loop runs `engine.step()`, draws the next batch and stages it
 //! (`load_batch`) *before* reading the step's metrics, so a GPU engine
 //! uploads the next batch while the current step runs. The data position
 //! saved in a checkpoint is the one before that next batch was drawn, so a
 //! resumed run draws it again and continues bit-identically.
+//!
+//! A stop request ([`Stop`], set by a signal handler) is honoured after the
+//! current step, or between evaluation chunks: the run skips the rest of the
+//! evaluation, checkpoints and returns [`RunStatus::Stopped`].
 
+use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
 
 use super::TrainError;
-use super::checkpoint::{self, CHECKPOINTS_DIR, TrainState};
+use super::checkpoint::{self, CHECKPOINTS_DIR, Found, TrainState};
+use super::config::{self, Change, Device, Precision, RunConfig, Setting};
 use super::cpu::CpuEngine;
-use super::data::{DataSpec, Dataset, EvalSet};
+use super::data::{Batch, DataSpec, Dataset, EvalSet};
 use super::engine::{Frozen, OptimSettings, TrainEngine};
 use super::gpu::{GpuBf16Engine, GpuF32Engine};
-use super::report::{self, EvalResult, MetricsLog, Progress, ProgressMode};
+use super::memory::{self, Holder};
+use super::plot;
+use super::report::{EvalResult, MetricsLog, Progress, ProgressMode};
+use super::rundir::RunDir;
 use super::schedule::LrSchedule;
+use super::stop::Stop;
 use crate::device::Gpu;
 use crate::mamba3::cpu::Weights;
 use crate::mamba3::{AActivation, Mamba3Config, RopeFraction};
-use crate::optim::{AdamWConfig, DecayPolicy};
+use crate::optim::AdamWConfig;
 
-/// `--device`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Device {
-    /// The GPU engine when `Gpu::new(0)` succeeds, else the CPU (with a notice).
-    Auto,
-    /// The CPU engine.
-    Cpu,
-    /// The GPU engine (an error without a usable GPU).
-    Cuda,
-}
-
-/// `--precision`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    /// f32 everywhere.
-    F32,
-    /// bf16 compute, f32 master weights (GPU only).
-    Bf16,
-}
-
-impl Precision {
-    /// The flag value.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-        }
-    }
-}
-
-/// Model size flags; the vocabulary comes from the data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ModelSize {
-    /// Residual width.
-    pub d_model: usize,
-    /// Blocks.
-    pub n_layer: usize,
-    /// State size N.
-    pub d_state: usize,
-    /// Head dimension P.
-    pub headdim: usize,
-    /// `d_inner / d_model`.
-    pub expand: usize,
-    /// Rotate all state dims (`rope_fraction` 1.0) instead of half.
-    pub full_rope: bool,
-    /// `false`: the rotation ablation (`--no-rotation`): the angle rows of
-    /// every `in_proj` start at zero and never train, so no state rotates
-    /// (the paper's "w/o RoPE" row of Table 5b).
-    pub rotation: bool,
-    /// The decay map of `A` (`--a-activation`).
-    pub a_activation: AActivation,
-}
-
-/// Everything `stepgraph train` was asked to do.
+/// What `stepgraph train` was asked to do.
 #[derive(Debug, Clone)]
 pub struct TrainOptions {
-    /// The data.
-    pub data: DataSpec,
-    /// Model size.
-    pub model: ModelSize,
-    /// Device requested.
-    pub device: Device,
-    /// Precision requested.
-    pub precision: Precision,
-    /// Rows per batch.
-    pub batch: usize,
-    /// Total steps (the schedule spans them).
-    pub steps: u64,
-    /// Peak learning rate.
-    pub lr: f64,
-    /// Final learning rate of the cosine.
-    pub min_lr: f64,
-    /// Warmup steps.
-    pub warmup: u64,
-    /// Decoupled weight decay.
-    pub weight_decay: f64,
-    /// Which tensors decay.
-    pub decay: DecayPolicy,
-    /// Global-norm clip (`None`: off).
-    pub clip: Option<f64>,
-    /// Seed of weights and data.
-    pub seed: u64,
-    /// Evaluate every this many steps (and at the end); 0: only at the end.
-    pub eval_every: u64,
-    /// Plain progress line every this many steps.
-    pub log_every: u64,
-    /// Checkpoint every this many steps (and at the end); 0: only at the end.
-    pub checkpoint_every: u64,
-    /// Checkpoints kept.
-    pub keep: usize,
-    /// Run directory (`None`: `runs/<UTC timestamp>`).
+    /// The run. With `resume`, only the settings listed in
+    /// [`Resume::given`] are read from it (and compared with the saved run).
+    pub run: RunConfig,
+    /// Run directory of a new run (`None`: `runs/<UTC timestamp>`).
     pub run_dir: Option<PathBuf>,
-    /// Checkpoint or run directory to continue from.
-    pub resume: Option<PathBuf>,
-    /// Stop (checkpoint, exit 0) after this step, as an interruption would.
+    /// Continue a saved run instead of starting one.
+    pub resume: Option<Resume>,
+    /// Stop (checkpoint, return) after this step, as a signal would.
     pub stop_after: Option<u64>,
     /// Progress display.
     pub progress: ProgressMode,
 }
 
-/// What a finished (or interrupted) run reports.
+/// `--resume`: where, and which settings the user typed again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resume {
+    /// A checkpoint, or a run directory (its newest intact checkpoint).
+    pub from: PathBuf,
+    /// Settings given explicitly, compared with the saved run.
+    pub given: Vec<Setting>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStatus {
+    /// It trained to its last step.
+    Finished,
+    /// It stopped early (a signal or `--stop-after`), with a checkpoint.
+    Stopped,
+    /// A resume found the run already at its last step; nothing ran.
+    AlreadyFinished,
+}
+
+/// The mean training loss over a range of steps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossWindow {
+    /// First step of the range.
+    pub first: u64,
+    /// Last step of the range.
+    pub last: u64,
+    /// Mean loss over it.
+    pub mean: f64,
+}
+
+/// Steps averaged at each end of a run for the summary's loss.
+pub const SUMMARY_STEPS: usize = 50;
+
+/// What a finished (or stopped) run reports.
 #[derive(Debug, Clone)]
 pub struct RunSummary {
     /// The run directory.
     pub run_dir: PathBuf,
     /// Step reached.
     pub step: u64,
-    /// Steps requested.
+    /// Steps of the run.
     pub steps: u64,
-    /// Stopped early (Ctrl-C or `stop_after`).
-    pub interrupted: bool,
-    /// Mean training loss of the first and last steps of this process
-    /// (up to 10 steps each).
-    pub first_loss: f64,
-    /// See `first_loss`.
-    pub last_loss: f64,
+    /// How it ended.
+    pub status: RunStatus,
+    /// Mean loss of this process's first [`SUMMARY_STEPS`] steps (the first
+    /// half of a run of fewer than twice as many).
+    pub first_loss: Option<LossWindow>,
+    /// Mean loss of this process's last [`SUMMARY_STEPS`] steps (the second
+    /// half of a shorter run).
+    pub last_loss: Option<LossWindow>,
     /// Steps skipped for non-finite gradients (whole run).
     pub skipped: u64,
     /// Last evaluation.
     pub eval: Vec<EvalResult>,
-    /// Last checkpoint written.
+    /// Newest checkpoint (written, or found finished).
     pub checkpoint: Option<PathBuf>,
     /// The plot.
     pub plot: Option<PathBuf>,
-    /// Wall time of this process's steps.
+    /// Wall time of this process's loop, evaluations and checkpoints included.
     pub elapsed: Duration,
-    /// Predictions per second over this process's steps.
+    /// Time spent in training steps only.
+    pub train_time: Duration,
+    /// Training tokens per second of training time (no eval, no checkpoints).
     pub tokens_per_s: f64,
     /// The engine that ran.
     pub engine: String,
@@ -190,100 +163,9 @@ pub fn resolve_device(device: Device, precision: Precision) -> Result<Resolved, 
     }
 }
 
-/// The first line of a message, for one-line notices and errors.
-/// The first line of an error message, for one-line reports.
+/// The first line of an error message, for one-line notices and errors.
 pub(crate) fn one_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
-}
-
-fn invalid(flag: &'static str, reason: impl Into<String>) -> TrainError {
-    TrainError::InvalidOption {
-        flag,
-        reason: reason.into(),
-    }
-}
-
-fn validate(o: &TrainOptions) -> Result<(), TrainError> {
-    if o.batch == 0 {
-        return Err(invalid("--batch", "must be at least 1"));
-    }
-    if o.steps == 0 {
-        return Err(invalid("--steps", "must be at least 1"));
-    }
-    for (flag, v) in [
-        ("--lr", o.lr),
-        ("--min-lr", o.min_lr),
-        ("--weight-decay", o.weight_decay),
-    ] {
-        if !(v.is_finite() && v >= 0.0) {
-            return Err(invalid(flag, format!("must be finite and >= 0, got {v}")));
-        }
-    }
-    if let Some(c) = o.clip
-        && !(c.is_finite() && c > 0.0)
-    {
-        return Err(invalid(
-            "--clip",
-            format!("must be finite and > 0, got {c}"),
-        ));
-    }
-    match &o.data {
-        DataSpec::Task {
-            task,
-            train_len,
-            eval_lens,
-            ..
-        } => {
-            for (flag, n) in std::iter::once(("--train-len", *train_len))
-                .chain(eval_lens.iter().map(|&n| ("--eval-lens", n)))
-            {
-                if n < task.min_len() || n > task.max_len() {
-                    return Err(invalid(
-                        flag,
-                        format!(
-                            "{n} is outside {}..={} for task {}",
-                            task.min_len(),
-                            task.max_len(),
-                            task.name()
-                        ),
-                    ));
-                }
-            }
-        }
-        DataSpec::File {
-            eval_fraction,
-            seq_len,
-            ..
-        } => {
-            if !(0.0..1.0).contains(eval_fraction) || *eval_fraction <= 0.0 {
-                return Err(invalid("--eval-fraction", "must lie in (0, 1)"));
-            }
-            if *seq_len == 0 {
-                return Err(invalid("--seq-len", "must be at least 1"));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn model_config(size: ModelSize, vocab: usize) -> Result<Mamba3Config, TrainError> {
-    let cfg = Mamba3Config {
-        d_model: size.d_model,
-        n_layer: size.n_layer,
-        vocab_size: vocab,
-        d_state: size.d_state,
-        headdim: size.headdim,
-        expand: size.expand,
-        rope_fraction: if size.full_rope {
-            RopeFraction::Full
-        } else {
-            RopeFraction::Half
-        },
-        a_activation: size.a_activation,
-        ..Mamba3Config::default()
-    };
-    cfg.validate()?;
-    Ok(cfg)
 }
 
 /// The `in_proj` rows producing the rotation angles, per layer: frozen (and
@@ -302,116 +184,296 @@ pub fn rotation_rows(cfg: &Mamba3Config) -> Vec<Frozen> {
         .collect()
 }
 
-/// `runs/20261202-101500` (UTC), made unique with a suffix if taken.
-pub fn default_run_dir() -> PathBuf {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = i64::try_from(days).unwrap_or(0) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let stamp = format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    );
-    let base = Path::new("runs").join(&stamp);
-    let mut dir = base.clone();
-    let mut k = 2;
-    while dir.exists() {
-        dir = Path::new("runs").join(format!("{stamp}-{k}"));
-        k += 1;
+/// The run with its `--data` path made absolute, so a resume from another
+/// directory finds the file.
+fn absolute_data(run: &RunConfig) -> Result<RunConfig, TrainError> {
+    let mut run = run.clone();
+    if let DataSpec::File { path, .. } = &mut run.data {
+        *path = std::fs::canonicalize(&*path).map_err(|source| TrainError::DataRead {
+            path: path.clone(),
+            source,
+        })?;
     }
-    dir
+    Ok(run)
 }
 
-fn mismatch(dir: &Path, field: &str, found: String, expected: String) -> TrainError {
-    TrainError::ConfigMismatch {
-        dir: dir.to_path_buf(),
-        field: field.into(),
-        found,
-        expected,
-    }
-}
-
-/// Refuses a checkpoint whose model, data or run identity differs from this
-/// run's (a resume must continue the same computation to be bit-identical).
-fn check_resume(
-    dir: &Path,
-    ckpt_cfg: &Mamba3Config,
-    tstate: &TrainState,
-    cfg: &Mamba3Config,
-    opts: &TrainOptions,
-) -> Result<(), TrainError> {
-    if let Some((field, found, expected)) = checkpoint::config_difference(ckpt_cfg, cfg) {
-        return Err(mismatch(dir, &field, found, expected));
-    }
-    let checks = [
-        ("data", tstate.data.summary(), opts.data.summary()),
-        ("batch", tstate.batch.to_string(), opts.batch.to_string()),
-        ("seed", tstate.seed.to_string(), opts.seed.to_string()),
-        (
-            "precision",
-            tstate.precision.clone(),
-            opts.precision.name().into(),
+/// Row widths of training batches and of each evaluated set.
+fn widths(data: &DataSpec) -> (usize, Vec<usize>) {
+    match data {
+        DataSpec::Task {
+            task,
+            train_len,
+            eval_lens,
+            ..
+        } => (
+            task.width(*train_len),
+            eval_lens.iter().map(|&n| task.width(n)).collect(),
         ),
-        (
-            "rotation",
-            tstate.rotation.to_string(),
-            opts.model.rotation.to_string(),
-        ),
-    ];
-    for (field, found, expected) in checks {
-        if found != expected {
-            return Err(mismatch(dir, field, found, expected));
+        DataSpec::File { seq_len, .. } => {
+            let w = seq_len.saturating_add(1);
+            (w, vec![w])
         }
     }
-    // Equal summaries can still hide a difference (e.g. a float rounding).
-    if tstate.data != opts.data {
-        return Err(mismatch(
-            dir,
-            "data",
-            format!("{:?}", tstate.data),
-            format!("{:?}", opts.data),
-        ));
-    }
-    Ok(())
 }
 
-/// Scores one eval set.
-fn evaluate(engine: &mut dyn TrainEngine, set: &EvalSet) -> Result<EvalResult, TrainError> {
-    let (mut loss, mut correct, mut count) = (0.0, 0usize, 0usize);
-    for batch in &set.batches {
-        let out = engine.eval(batch)?;
-        let t = batch.seq_len();
-        for (i, (&l, &a)) in out.token_loss.iter().zip(&out.argmax).enumerate() {
-            if !batch.scored(i) {
-                continue;
+/// A run about to train: everything checked, the directory held.
+struct Start {
+    run: RunConfig,
+    cfg: Mamba3Config,
+    resolved: Resolved,
+    estimate: (memory::Estimate, Option<u128>, String),
+    resumed: Option<(Found, Vec<Change>)>,
+}
+
+/// Runs (or resumes) a training job. `stop` is polled after every step and
+/// between evaluation chunks: when set, the run checkpoints and returns
+/// [`RunStatus::Stopped`].
+pub fn train(opts: &TrainOptions, stop: &Stop) -> Result<RunSummary, TrainError> {
+    let (run, resumed, held) = match &opts.resume {
+        None => {
+            config::validate(&opts.run)?;
+            (absolute_data(&opts.run)?, None, None)
+        }
+        Some(r) => {
+            let owner = checkpoint::run_dir_for(&r.from);
+            if let (Some(dir), Some(_)) = (&owner, &opts.run_dir) {
+                return Err(TrainError::InvalidOption {
+                    flag: "--run-dir",
+                    reason: format!(
+                        "a resumed run continues in its own directory {}; leave --run-dir out",
+                        dir.display()
+                    ),
+                });
             }
-            let (r, p) = (i / t, i % t);
-            let target = batch.tokens[r * batch.width + p + 1];
-            loss += f64::from(l);
-            correct += usize::from(a == target);
-            count += 1;
+            let held = owner.as_deref().map(RunDir::open).transpose()?;
+            let found = checkpoint::find(&r.from)?;
+            let typed = if r.given.contains(&Setting::Data) {
+                absolute_data(&opts.run)?
+            } else {
+                opts.run.clone()
+            };
+            let (run, changes) = config::merge_resume(&found.train.run, &typed, &r.given)?;
+            config::validate(&run)?;
+            if found.train.step > run.steps {
+                return Err(TrainError::InvalidOption {
+                    flag: "--steps",
+                    reason: format!(
+                        "{} is behind the run, which is at step {}",
+                        run.steps, found.train.step
+                    ),
+                });
+            }
+            if found.train.step == run.steps {
+                return Ok(already_finished(&found, &run, held.as_ref()));
+            }
+            (run, Some((found, changes)), held)
+        }
+    };
+    let cfg = config::model_config(run.model, config::vocab_of(&run.data))?;
+    let resolved = resolve_device(run.device, run.precision)?;
+    let (train_width, eval_widths) = widths(&run.data);
+    let holder = match (&resolved, run.precision) {
+        (Resolved::Cpu(_), _) => Holder::Cpu,
+        (Resolved::Cuda(_), Precision::F32) => Holder::Gpu { operand_bytes: 4 },
+        (Resolved::Cuda(_), Precision::Bf16) => Holder::Gpu { operand_bytes: 2 },
+    };
+    let est = memory::estimate(&cfg, holder, run.batch, train_width, &eval_widths);
+    let (available, place) = match &resolved {
+        Resolved::Cpu(_) => (memory::host_available(), "the host".to_owned()),
+        Resolved::Cuda(gpu) => (
+            gpu.mem_info()
+                .ok()
+                .map(|(free, _)| u128::try_from(free).unwrap_or(u128::MAX)),
+            gpu.info().name.clone(),
+        ),
+    };
+    memory::check(&est, available, &place)?;
+    let dir = match held {
+        Some(d) => d,
+        None => match &opts.run_dir {
+            Some(p) => RunDir::claim(p)?,
+            None => RunDir::claim_default()?,
+        },
+    };
+    let start = Start {
+        run,
+        cfg,
+        resolved,
+        estimate: (est, available, place),
+        resumed,
+    };
+    match run_in(&dir, start, opts, stop) {
+        Ok(summary) => Ok(summary),
+        Err(e) => {
+            dir.discard_if_unused();
+            Err(e)
+        }
+    }
+}
+
+fn already_finished(found: &Found, run: &RunConfig, dir: Option<&RunDir>) -> RunSummary {
+    RunSummary {
+        run_dir: dir.map_or_else(|| found.dir.clone(), |d| d.path().to_path_buf()),
+        step: found.train.step,
+        steps: run.steps,
+        status: RunStatus::AlreadyFinished,
+        first_loss: None,
+        last_loss: None,
+        skipped: found.train.skipped,
+        eval: Vec::new(),
+        checkpoint: Some(found.dir.clone()),
+        plot: None,
+        elapsed: Duration::ZERO,
+        train_time: Duration::ZERO,
+        tokens_per_s: 0.0,
+        engine: found.train.engine.clone(),
+    }
+}
+
+/// Builds the engine over fresh weights (frozen slices zeroed).
+fn build_engine(
+    start: Start,
+    settings: OptimSettings,
+    rows: usize,
+    width: usize,
+) -> Result<(Box<dyn TrainEngine>, Option<String>, Start), TrainError> {
+    let Start {
+        run,
+        cfg,
+        resolved,
+        estimate,
+        resumed,
+    } = start;
+    let mut weights = Weights::<f32>::init(&cfg, run.seed)?;
+    let mut tensors = weights.tensors_mut();
+    for f in &settings.frozen {
+        if let Some(w) = tensors
+            .get_mut(f.tensor)
+            .and_then(|t| t.get_mut(f.start..f.end))
+        {
+            w.fill(0.0);
+        }
+    }
+    let (engine, notice): (Box<dyn TrainEngine>, Option<String>) = match resolved {
+        Resolved::Cpu(notice) => (
+            Box::new(CpuEngine::new(cfg.clone(), weights, settings)?),
+            notice,
+        ),
+        Resolved::Cuda(gpu) => {
+            let (gpu, c) = (*gpu, cfg.clone());
+            let engine: Box<dyn TrainEngine> = match run.precision {
+                Precision::F32 => Box::new(GpuF32Engine::new(gpu, c, &weights, &settings, rows, width)?),
+                Precision::Bf16 => Box::new(GpuBf16Engine::new(gpu, c, &weights, &settings, rows, width)?),
+            };
+            (engine, None)
+        }
+    };
+    let rest = Start {
+        run,
+        cfg,
+        resolved: Resolved::Cpu(None),
+        estimate,
+        resumed,
+    };
+    Ok((engine, notice, rest))
+}
+
+/// The start lines: engine, model, data; batch and schedule; memory.
+fn start_lines(
+    progress: &Progress,
+    start: &Start,
+    engine: &dyn TrainEngine,
+    data: &Dataset,
+    at: u64,
+    dir: &Path,
+) {
+    let (run, cfg) = (&start.run, &start.cfg);
+    let info = engine.info();
+    let params = memory::param_count(cfg);
+    progress.line(&format!(
+        "stepgraph train: {} {} on {}; model d_model {} n_layer {} d_state {} headdim {}{}{} ({params} params); {}",
+        info.name,
+        info.precision,
+        info.device,
+        cfg.d_model,
+        cfg.n_layer,
+        cfg.d_state,
+        cfg.headdim,
+        if cfg.rope_fraction == RopeFraction::Full { " full-rope" } else { "" },
+        if cfg.a_activation == AActivation::Softplus { " softplus-A" } else { "" },
+        data.describe()
+    ));
+    progress.line(&format!(
+        "batch {} x {} tokens, {} steps{}, lr {:.1e} (warmup {}, cosine to {:.1e}); run dir {}",
+        run.batch,
+        data.train_width() - 1,
+        run.steps,
+        if at > 0 {
+            format!(" (resuming at {at})")
+        } else {
+            String::new()
+        },
+        run.lr,
+        run.warmup,
+        run.min_lr,
+        dir.display()
+    ));
+    let (est, available, place) = &start.estimate;
+    progress.line(&format!(
+        "memory: about {} (model and optimizer {}, training step {}, evaluation {}){}",
+        memory::gib(est.total()),
+        memory::gib(est.params),
+        memory::gib(est.step),
+        memory::gib(est.eval),
+        available.map_or_else(String::new, |a| format!(" of {} available on {place}", memory::gib(a)))
+    ));
+}
+
+/// Scores one eval set in row chunks of at most `budget` predictions;
+/// `None` when a stop was requested before it finished.
+fn evaluate(
+    engine: &mut dyn TrainEngine,
+    set: &EvalSet,
+    budget: usize,
+    stop: &Stop,
+) -> Result<Option<EvalResult>, TrainError> {
+    let (mut loss, mut correct, mut count) = (0.0, 0usize, 0usize);
+    for whole in &set.batches {
+        let rows = memory::eval_chunk_rows(budget, whole.width);
+        let mut start = 0;
+        while start < whole.rows {
+            if stop.is_requested() {
+                return Ok(None);
+            }
+            let end = (start + rows).min(whole.rows);
+            let batch: Cow<'_, Batch> = if start == 0 && end == whole.rows {
+                Cow::Borrowed(whole)
+            } else {
+                Cow::Owned(whole.slice_rows(start, end))
+            };
+            let out = engine.eval(&batch)?;
+            let t = batch.seq_len();
+            for (i, (&l, &a)) in out.token_loss.iter().zip(&out.argmax).enumerate() {
+                if !batch.scored(i) {
+                    continue;
+                }
+                let (r, p) = (i / t, i % t);
+                let target = batch.tokens[r * batch.width + p + 1];
+                loss += f64::from(l);
+                correct += usize::from(a == target);
+                count += 1;
+            }
+            start = end;
         }
     }
     let n = count.max(1) as f64;
-    Ok(EvalResult {
+    Ok(Some(EvalResult {
         label: set.label.clone(),
         length: set.length,
         loss: loss / n,
         accuracy: correct as f64 / n,
         count,
-    })
+    }))
 }
 
 fn eval_line(step: u64, results: &[EvalResult]) -> String {
@@ -429,163 +491,194 @@ fn eval_line(step: u64, results: &[EvalResult]) -> String {
     format!("eval @ {step}  {}", parts.join(" | "))
 }
 
-/// Runs (or resumes) a training job. `stop` is polled after every step: when
-/// set, the run checkpoints and returns with `interrupted`.
-pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, TrainError> {
-    validate(opts)?;
-    let resolved = resolve_device(opts.device, opts.precision)?;
-    let resumed = match &opts.resume {
-        Some(path) => {
-            let dir = checkpoint::resolve(path)?;
-            let (cfg, state, tstate) = checkpoint::load(&dir)?;
-            Some((dir, cfg, state, tstate))
+fn window(losses: &[(u64, f64)]) -> Option<LossWindow> {
+    let (first, last) = (losses.first()?.0, losses.last()?.0);
+    let mean = losses.iter().map(|p| p.1).sum::<f64>() / losses.len() as f64;
+    Some(LossWindow { first, last, mean })
+}
+
+/// The summary's two loss windows: the first and last [`SUMMARY_STEPS`]
+/// steps, or the two halves of a shorter run, so they never overlap.
+fn windows(
+    head: &[(u64, f64)],
+    tail: &VecDeque<(u64, f64)>,
+) -> (Option<LossWindow>, Option<LossWindow>) {
+    if head.len() < 2 * SUMMARY_STEPS {
+        let half = head.len().div_ceil(2);
+        let last = if head.len() > 1 { &head[half..] } else { head };
+        return (window(&head[..half]), window(last));
+    }
+    let tail: Vec<(u64, f64)> = tail.iter().copied().collect();
+    (window(&head[..SUMMARY_STEPS]), window(&tail))
+}
+
+/// Opens the data, builds or restores the engine, then runs the loop.
+fn run_in(
+    dir: &RunDir,
+    start: Start,
+    opts: &TrainOptions,
+    stop: &Stop,
+) -> Result<RunSummary, TrainError> {
+    let run_dir = dir.path().to_path_buf();
+    let mut data = match Dataset::new(&start.run.data, start.run.seed, start.run.batch) {
+        Err(TrainError::DataRead { path, source }) if start.resumed.is_some() => {
+            return Err(TrainError::DataChanged {
+                path,
+                reason: format!("cannot read it: {source}; if it moved, give its new path with --data"),
+            });
         }
-        None => None,
+        other => other?,
     };
-    let mut data = Dataset::new(&opts.data, opts.seed, opts.batch)?;
-    let cfg = model_config(opts.model, data.vocab_size())?;
+    if let Some((found, _)) = &start.resumed
+        && found.train.data_fingerprint.as_ref() != data.fingerprint()
+        && let (Some(then), Some(now), DataSpec::File { path, .. }) =
+            (&found.train.data_fingerprint, data.fingerprint(), &start.run.data)
+    {
+        return Err(TrainError::DataChanged {
+            path: path.clone(),
+            reason: format!(
+                "{} bytes with xxh3 {} then, {} bytes with xxh3 {} now",
+                then.bytes, then.xxh3, now.bytes, now.xxh3
+            ),
+        });
+    }
     let settings = OptimSettings {
         adam: AdamWConfig {
-            lr: opts.lr,
-            weight_decay: opts.weight_decay,
+            lr: start.run.lr,
+            weight_decay: start.run.weight_decay,
             ..AdamWConfig::default()
         },
-        decay: opts.decay.clone(),
-        clip: opts.clip,
-        frozen: if opts.model.rotation {
+        decay: start.run.decay.policy(),
+        clip: start.run.clip,
+        frozen: if start.run.model.rotation {
             Vec::new()
         } else {
-            rotation_rows(&cfg)
+            rotation_rows(&start.cfg)
         },
     };
-    let mut weights = Weights::<f32>::init(&cfg, opts.seed)?;
-    let mut tensors = weights.tensors_mut();
-    for f in &settings.frozen {
-        if let Some(w) = tensors
-            .get_mut(f.tensor)
-            .and_then(|t| t.get_mut(f.start..f.end))
-        {
-            w.fill(0.0);
-        }
-    }
-    let (mut engine, notice): (Box<dyn TrainEngine>, Option<String>) = match resolved {
-        Resolved::Cpu(notice) => (
-            Box::new(CpuEngine::new(cfg.clone(), weights, settings)?),
-            notice,
-        ),
-        Resolved::Cuda(gpu) => {
-            let (gpu, c, width) = (*gpu, cfg.clone(), data.train_width());
-            let engine: Box<dyn TrainEngine> = match opts.precision {
-                Precision::F32 => Box::new(GpuF32Engine::new(
-                    gpu, c, &weights, &settings, opts.batch, width,
-                )?),
-                Precision::Bf16 => Box::new(GpuBf16Engine::new(
-                    gpu, c, &weights, &settings, opts.batch, width,
-                )?),
-            };
-            (engine, None)
-        }
-    };
-    let run_dir = match &resumed {
-        Some((dir, ckpt_cfg, state, tstate)) => {
-            check_resume(dir, ckpt_cfg, tstate, &cfg, opts)?;
-            engine.import_state(state.clone())?;
-            data.restore(tstate.data_position(dir)?);
-            checkpoint::run_dir_of(dir).unwrap_or_else(|| dir.with_extension("resumed"))
-        }
-        None => opts.run_dir.clone().unwrap_or_else(default_run_dir),
-    };
-    std::fs::create_dir_all(&run_dir).map_err(TrainError::io(&run_dir))?;
-    let ckpt_root = run_dir.join(CHECKPOINTS_DIR);
-    let start = resumed.as_ref().map_or(0, |r| r.3.step);
-    let schedule = LrSchedule {
-        peak: opts.lr,
-        min_lr: opts.min_lr,
-        warmup: opts.warmup,
-        total: opts.steps,
-    };
-    engine.set_schedule(schedule);
+    let (rows, width) = (start.run.batch, data.train_width());
+    let (mut engine, notice, start) = build_engine(start, settings, rows, width)?;
     let info = engine.info();
-    let progress = Progress::new(opts.progress, start, opts.steps, opts.log_every);
+    let engine_name = format!("{} {}", info.name, info.precision);
+    let run = &start.run;
+    let mut notes: Vec<String> = Vec::new();
+    let mut warnings: Vec<String> = Vec::new();
+    let mut resume_event = None;
+    let at = match &start.resumed {
+        Some((found, changes)) => {
+            if let Some((field, found_v, expected)) =
+                checkpoint::config_difference(&found.cfg, &start.cfg)
+            {
+                return Err(TrainError::ConfigMismatch {
+                    dir: found.dir.clone(),
+                    field,
+                    found: found_v,
+                    expected,
+                });
+            }
+            engine.import_state(found.state.clone())?;
+            data.restore(found.train.data_position(&found.dir)?);
+            for (skipped, why) in &found.skipped {
+                warnings.push(format!(
+                    "warning: checkpoint {} is unusable ({why}); resuming from {}, the newest intact one",
+                    skipped.display(),
+                    found.dir.display()
+                ));
+            }
+            if found.train.engine != engine_name {
+                warnings.push(format!(
+                    "warning: this run trained on {} so far and continues on {engine_name}: the steps \
+                     from here will not be bit-identical to an uninterrupted run",
+                    found.train.engine
+                ));
+            }
+            notes.extend(dir.rewind(found.train.step, &found.skipped)?);
+            notes.extend(changes.iter().map(|c| format!("resume: {c}")));
+            stop.checkpointed(&found.dir);
+            resume_event = Some(json!({
+                "kind": "resume", "step": found.train.step, "from": found.dir.display().to_string(),
+                "changes": changes.iter().map(|c| json!({"from": c.from, "to": c.to})).collect::<Vec<_>>(),
+            }));
+            found.train.step
+        }
+        None => 0,
+    };
+    engine.set_schedule(LrSchedule {
+        peak: run.lr,
+        min_lr: run.min_lr,
+        warmup: run.warmup,
+        total: run.steps,
+    });
+    for w in &warnings {
+        eprintln!("{w}");
+    }
+    let progress = Progress::new(opts.progress, at, run.steps, run.log_every);
     if let Some(n) = &notice {
         progress.line(n);
     }
-    let params: usize = crate::mamba3::cpu::param_specs(&cfg)
-        .iter()
-        .map(|s| s.numel())
-        .sum();
-    progress.line(&format!(
-        "stepgraph train: {} {} on {}; model d_model {} n_layer {} d_state {} headdim {}{}{} ({params} params); {}",
-        info.name,
-        info.precision,
-        info.device,
-        cfg.d_model,
-        cfg.n_layer,
-        cfg.d_state,
-        cfg.headdim,
-        if cfg.rope_fraction == RopeFraction::Full { " full-rope" } else { "" },
-        if cfg.a_activation == AActivation::Softplus { " softplus-A" } else { "" },
-        data.describe()
-    ));
-    progress.line(&format!(
-        "batch {} x {} tokens, {} steps{}, lr {:.1e} (warmup {}, cosine to {:.1e}); run dir {}",
-        opts.batch,
-        data.train_width() - 1,
-        opts.steps,
-        if start > 0 {
-            format!(" (resuming at {start})")
-        } else {
-            String::new()
-        },
-        opts.lr,
-        opts.warmup,
-        opts.min_lr,
-        run_dir.display()
-    ));
+    start_lines(&progress, &start, engine.as_ref(), &data, at, &run_dir);
+    for n in &notes {
+        progress.line(n);
+    }
     let mut log = MetricsLog::open(&run_dir)?;
+    if let Some(event) = &resume_event {
+        log.event(event)?;
+    }
+    let (skipped_before, fingerprint) = (
+        start.resumed.as_ref().map_or(0, |r| r.0.train.skipped),
+        data.fingerprint().cloned(),
+    );
+    let ckpt_root = run_dir.join(CHECKPOINTS_DIR);
     let save = |engine: &mut dyn TrainEngine,
                 step: u64,
                 pos: super::data::DataPosition|
      -> Result<PathBuf, TrainError> {
         let state = engine.export_state()?;
         let tstate = TrainState {
-            format: 1,
+            format: checkpoint::FORMAT,
             step,
             adam_steps: state.adam_steps,
             skipped: state.skipped,
-            seed: opts.seed,
-            batch: opts.batch,
-            precision: opts.precision.name().into(),
-            data: opts.data.clone(),
-            rotation: opts.model.rotation,
+            run: run.clone(),
+            engine: engine_name.clone(),
+            data_fingerprint: fingerprint.clone(),
             data_batches: pos.batches,
             data_word_pos: pos.word_pos.to_string(),
+            files: Default::default(),
         };
-        checkpoint::save(&ckpt_root, &cfg, &state, &tstate, opts.keep)
+        let dir = checkpoint::save(&ckpt_root, &start.cfg, &state, &tstate, run.keep)?;
+        stop.checkpointed(&dir);
+        Ok(dir)
     };
 
     let t0 = Instant::now();
-    let tokens_per_step = (opts.batch * (data.train_width() - 1)) as f64;
-    let (mut first, mut recent): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
+    let mut train_time = Duration::ZERO;
+    let tokens_per_step = (run.batch * (width - 1)) as f64;
+    let budget = run.batch * (width - 1);
+    let (mut first, mut recent) = (Vec::new(), VecDeque::new());
     let mut last_eval = Vec::new();
     let mut last_ckpt = None;
-    let mut step = start;
-    let mut interrupted = false;
-    let mut skipped = resumed.as_ref().map_or(0, |r| r.3.skipped);
-    if step < opts.steps {
-        let first_batch = data.next_batch(opts.batch)?;
+    let mut step = at;
+    let mut status = RunStatus::Finished;
+    let mut skipped = skipped_before;
+    if step < run.steps {
+        let t = Instant::now();
+        let first_batch = data.next_batch(run.batch)?;
         engine.load_batch(&first_batch)?;
+        train_time += t.elapsed();
     }
-    while step < opts.steps {
+    while step < run.steps {
+        let t = Instant::now();
         engine.step()?;
         // The next batch is drawn and staged while a GPU step runs; the
         // checkpoint position is the one before drawing it.
         let pos = data.position();
-        if step + 1 < opts.steps {
-            let next = data.next_batch(opts.batch)?;
+        if step + 1 < run.steps {
+            let next = data.next_batch(run.batch)?;
             engine.load_batch(&next)?;
         }
         let m = engine.metrics()?;
+        train_time += t.elapsed();
         step = m.step;
         skipped = m.skipped_total;
         if m.skipped {
@@ -594,59 +687,66 @@ pub fn train(opts: &TrainOptions, stop: &AtomicBool) -> Result<RunSummary, Train
                 m.grad_norm, m.skipped_total
             ));
         }
-        if first.len() < 10 {
-            first.push(m.loss);
+        if first.len() < 2 * SUMMARY_STEPS {
+            first.push((step, m.loss));
         }
-        recent.push(m.loss);
-        if recent.len() > 10 {
-            recent.remove(0);
+        recent.push_back((step, m.loss));
+        if recent.len() > SUMMARY_STEPS {
+            recent.pop_front();
         }
+        let done = (step - at) as f64;
+        let rate = tokens_per_step * done / train_time.as_secs_f64().max(1e-9);
         let elapsed = t0.elapsed().as_secs_f64();
-        let done = (step - start) as f64;
-        let rate = tokens_per_step * done / elapsed.max(1e-9);
-        let eta = Duration::from_secs_f64(elapsed / done * (opts.steps - step) as f64);
+        let eta = Duration::from_secs_f64(elapsed / done * (run.steps - step) as f64);
         log.train(&m, rate, elapsed)?;
         progress.step(&m, rate, eta);
-        let stopping = stop.load(Ordering::SeqCst) || opts.stop_after.is_some_and(|s| step >= s);
-        let at_end = step == opts.steps || stopping;
-        if at_end || (opts.eval_every > 0 && step.is_multiple_of(opts.eval_every)) {
-            last_eval = data
-                .eval_sets()
-                .iter()
-                .map(|set| evaluate(engine.as_mut(), set))
-                .collect::<Result<_, _>>()?;
-            for r in &last_eval {
-                log.eval(step, r)?;
+        let at_end = step == run.steps;
+        if !stop.is_requested() && (at_end || (run.eval_every > 0 && step.is_multiple_of(run.eval_every))) {
+            let mut results = Vec::new();
+            for set in data.eval_sets() {
+                match evaluate(engine.as_mut(), set, budget, stop)? {
+                    Some(r) => results.push(r),
+                    None => break,
+                }
             }
-            progress.line(&eval_line(step, &last_eval));
+            // An evaluation cut short by a stop is not reported: it would
+            // score a subset of the set.
+            if results.len() == data.eval_sets().len() {
+                for r in &results {
+                    log.eval(step, r)?;
+                }
+                progress.line(&eval_line(step, &results));
+                last_eval = results;
+            }
         }
-        if at_end || (opts.checkpoint_every > 0 && step.is_multiple_of(opts.checkpoint_every)) {
+        let stopping = stop.is_requested() || opts.stop_after.is_some_and(|s| step >= s);
+        if at_end || stopping || (run.checkpoint_every > 0 && step.is_multiple_of(run.checkpoint_every)) {
             log.flush()?;
             last_ckpt = Some(save(engine.as_mut(), step, pos)?);
         }
-        if stopping && step < opts.steps {
-            interrupted = true;
+        if stopping && !at_end {
+            status = RunStatus::Stopped;
             break;
         }
     }
     log.flush()?;
     progress.finish();
-    let plot = Some(report::write_plot(&run_dir)?);
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let elapsed = t0.elapsed();
+    let plot = Some(plot::write_plot(&run_dir)?);
+    let (first_loss, last_loss) = windows(&first, &recent);
     Ok(RunSummary {
         run_dir,
         step,
-        steps: opts.steps,
-        interrupted,
-        first_loss: mean(&first),
-        last_loss: mean(&recent),
+        steps: run.steps,
+        status,
+        first_loss,
+        last_loss,
         skipped,
         eval: last_eval,
         checkpoint: last_ckpt,
         plot,
-        elapsed,
-        tokens_per_s: tokens_per_step * (step - start) as f64 / elapsed.as_secs_f64().max(1e-9),
-        engine: format!("{} {}", info.name, info.precision),
+        elapsed: t0.elapsed(),
+        train_time,
+        tokens_per_s: tokens_per_step * (step - at) as f64 / train_time.as_secs_f64().max(1e-9),
+        engine: engine_name,
     })
 }

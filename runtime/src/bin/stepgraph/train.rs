@@ -2,69 +2,78 @@
 //! file. With no arguments it runs the default job: parity on a tiny model,
 //! on the GPU engine when one is available, else on the CPU (with a notice).
 //!
-//! Flags become [`TrainOptions`]; the loop lives in `stepgraph::train`. Exit
-//! codes: 0 finished or interrupted cleanly (Ctrl-C checkpoints first), 1 a
-//! failure (one `error:` line), 2 a usage error.
+//! Flags become [`TrainOptions`]; the loop lives in `stepgraph::train`. With
+//! `--resume`, the flags typed explicitly (clap's value source says which)
+//! are compared with the saved run; the others are not read. SIGINT, SIGTERM
+//! and SIGHUP finish the current step, checkpoint and exit 0; a second
+//! signal exits at once (code 130). Exit codes: 0 finished, stopped cleanly
+//! or already finished, 1 a failure (one `error:` line), 2 a usage error.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
+use clap::ArgMatches;
+use clap::parser::ValueSource;
 use stepgraph::mamba3::AActivation;
-use stepgraph::optim::DecayPolicy;
 use stepgraph::train::data::{DataFormat, DataSpec, Task};
 use stepgraph::train::report::{ProgressMode, clock, human};
-use stepgraph::train::run::ModelSize;
-use stepgraph::train::{Device, Precision, RunSummary, TrainOptions, train};
+use stepgraph::train::run::LossWindow;
+use stepgraph::train::{
+    Decay, Device, ModelSize, Precision, Resume, RunConfig, RunStatus, RunSummary, Setting,
+    SignalAction, Stop, TrainOptions, train,
+};
+
+use crate::parse::{at_least_one, at_least_one_u64, non_negative, open_fraction, positive};
 
 /// Arguments of `stepgraph train`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Synthetic task (ignored with --data).
-    #[arg(long, value_enum, default_value_t = TaskArg::Parity)]
+    /// Synthetic task.
+    #[arg(long, value_enum, default_value_t = TaskArg::Parity, conflicts_with = "data")]
     task: TaskArg,
     /// Largest problem size trained on (sizes are drawn from the task's minimum up to it).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, conflicts_with = "data")]
     train_len: usize,
     /// Problem sizes evaluated (comma-separated); larger than --train-len
     /// tests length generalization. Default: L, 2L, 4L for L = --train-len
     /// (those within the task's range).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "data")]
     eval_lens: Vec<usize>,
     /// Grow the largest training size linearly from the task's minimum to
     /// --train-len over this many steps (0: all sizes from the start).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, conflicts_with = "data")]
     curriculum: u64,
     /// Train on this file instead of a task.
     #[arg(long)]
     data: Option<PathBuf>,
     /// How --data encodes tokens.
-    #[arg(long, value_enum, default_value_t = FormatArg::Bytes)]
+    #[arg(long, value_enum, default_value_t = FormatArg::Bytes, requires = "data")]
     data_format: FormatArg,
     /// Vocabulary size of a u16/u32 token file (every id must be below it).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one, requires = "data")]
     vocab_size: Option<usize>,
     /// Fraction of --data held out (at its end) for evaluation.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = open_fraction, requires = "data")]
     eval_fraction: f64,
     /// Window length T of --data batches.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = at_least_one, requires = "data")]
     seq_len: usize,
     /// Residual width.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     d_model: usize,
     /// Number of Mamba-3 blocks.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     n_layer: usize,
-    /// State size N.
-    #[arg(long, default_value_t = 16)]
+    /// State size N (even).
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     d_state: usize,
-    /// Head dimension P.
-    #[arg(long, default_value_t = 16)]
+    /// Head dimension P (must divide --expand x --d-model).
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     headdim: usize,
     /// d_inner = expand * d_model.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     expand: usize,
     /// Rotate every state dim (rope_fraction 1.0) instead of half.
     #[arg(long)]
@@ -82,28 +91,28 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     precision: PrecisionArg,
     /// Rows per batch.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     batch: usize,
-    /// Training steps.
-    #[arg(long, default_value_t = 4000)]
+    /// Training steps (with --resume: a larger value extends the run).
+    #[arg(long, default_value_t = 4000, value_parser = at_least_one_u64)]
     steps: u64,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 3e-3, value_parser = positive, allow_negative_numbers = true)]
     lr: f64,
-    /// Learning rate at the end of the cosine.
-    #[arg(long, default_value_t = 1e-4)]
+    /// Learning rate at the end of the cosine (at most --lr).
+    #[arg(long, default_value_t = 1e-4, value_parser = non_negative, allow_negative_numbers = true)]
     min_lr: f64,
     /// Linear warmup steps.
     #[arg(long, default_value_t = 30)]
     warmup: u64,
     /// AdamW decoupled weight decay.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = non_negative, allow_negative_numbers = true)]
     weight_decay: f64,
     /// Which tensors decay: matrices (embedding, projections), all, or none.
     #[arg(long, value_enum, default_value_t = DecayArg::Matrices)]
     decay: DecayArg,
     /// Global gradient-norm clip (0: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative, allow_negative_numbers = true)]
     clip: f64,
     /// Seed of weights and data.
     #[arg(long, default_value_t = 0)]
@@ -112,22 +121,25 @@ pub struct Args {
     #[arg(long, default_value_t = 500)]
     eval_every: u64,
     /// Plain progress line every N steps (when stderr is not a terminal).
-    #[arg(long, default_value_t = 250)]
+    #[arg(long, default_value_t = 250, value_parser = at_least_one_u64)]
     log_every: u64,
-    /// Checkpoint every N steps (0: only at the end).
+    /// Checkpoint every N steps (0: only at the end and when stopped).
     #[arg(long, default_value_t = 1000)]
     checkpoint_every: u64,
-    /// Checkpoints kept.
-    #[arg(long, default_value_t = 3)]
+    /// Checkpoints kept (the newest ones of this run).
+    #[arg(long, default_value_t = 3, value_parser = at_least_one)]
     keep: usize,
-    /// Run directory (default: runs/<UTC timestamp>).
+    /// Run directory, created for this run (default: runs/<UTC timestamp>);
+    /// an existing one must be empty.
     #[arg(long)]
     run_dir: Option<PathBuf>,
-    /// Continue from a checkpoint (or the newest one of a run directory), in
-    /// the run directory that holds it (--run-dir is then ignored).
+    /// Continue the run saved in this run directory (its newest intact
+    /// checkpoint) or checkpoint, with its own settings; flags given too must
+    /// agree with it, except --steps (to extend), --device, --data (a moved
+    /// file) and the reporting and checkpoint cadence.
     #[arg(long)]
     resume: Option<PathBuf>,
-    /// Stop after this step as if interrupted (checkpoint, exit 0).
+    /// Stop after this step as a signal would (checkpoint, exit 0).
     #[arg(long)]
     stop_after: Option<u64>,
     /// Progress display: auto (bar on a terminal), plain lines, or quiet.
@@ -204,7 +216,7 @@ fn default_eval_lens(task: Task, train_len: usize) -> Vec<usize> {
     lens
 }
 
-fn options(a: &Args) -> TrainOptions {
+fn run_config(a: &Args) -> RunConfig {
     let data = match &a.data {
         Some(path) => DataSpec::File {
             path: path.clone(),
@@ -228,7 +240,7 @@ fn options(a: &Args) -> TrainOptions {
             curriculum: a.curriculum,
         },
     };
-    TrainOptions {
+    RunConfig {
         data,
         model: ModelSize {
             d_model: a.d_model,
@@ -259,9 +271,9 @@ fn options(a: &Args) -> TrainOptions {
         warmup: a.warmup,
         weight_decay: a.weight_decay,
         decay: match a.decay {
-            DecayArg::Matrices => DecayPolicy::MatricesOnly,
-            DecayArg::All => DecayPolicy::All,
-            DecayArg::None => DecayPolicy::Nothing,
+            DecayArg::Matrices => Decay::Matrices,
+            DecayArg::All => Decay::All,
+            DecayArg::None => Decay::None,
         },
         clip: (a.clip > 0.0).then_some(a.clip),
         seed: a.seed,
@@ -269,8 +281,28 @@ fn options(a: &Args) -> TrainOptions {
         log_every: a.log_every,
         checkpoint_every: a.checkpoint_every,
         keep: a.keep,
+    }
+}
+
+/// The settings typed on the command line (not defaulted).
+fn given(m: &ArgMatches) -> Vec<Setting> {
+    Setting::ALL
+        .into_iter()
+        .filter(|s| {
+            let id = s.flag().trim_start_matches('-').replace('-', "_");
+            m.value_source(&id) == Some(ValueSource::CommandLine)
+        })
+        .collect()
+}
+
+fn options(a: &Args, m: &ArgMatches) -> TrainOptions {
+    TrainOptions {
+        run: run_config(a),
         run_dir: a.run_dir.clone(),
-        resume: a.resume.clone(),
+        resume: a.resume.clone().map(|from| Resume {
+            from,
+            given: given(m),
+        }),
         stop_after: a.stop_after,
         progress: match a.progress {
             ProgressArg::Auto => ProgressMode::Auto,
@@ -280,29 +312,43 @@ fn options(a: &Args) -> TrainOptions {
     }
 }
 
-/// Runs the job; prints the summary (exit 0) or one error line (exit 1, or 2
-/// for a usage error).
-pub fn run(args: &Args) -> ExitCode {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop);
-    // The first Ctrl-C asks the loop to finish its step and checkpoint; a
-    // second one exits at once, for a user who does not want to wait.
-    let handler = ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::SeqCst) {
+/// The first signal stops the run after its step; a second one (not a
+/// duplicate delivery of the first) exits at once, saying what was saved.
+fn install_handler(stop: &Arc<Stop>) {
+    let stop = Arc::clone(stop);
+    let handler = ctrlc::set_handler(move || match stop.on_signal(Instant::now()) {
+        SignalAction::Stop => eprintln!(
+            "\nstopping: finishing the current step, then saving a checkpoint \
+             (signal again to exit at once, without saving)"
+        ),
+        SignalAction::Duplicate => {}
+        SignalAction::ExitNow => {
+            let last = stop.last_checkpoint().map_or_else(
+                || "this run has no checkpoint yet".to_owned(),
+                |p| format!("the last checkpoint is {}", p.display()),
+            );
+            eprintln!("\nsecond signal: exiting now; nothing was saved since the last checkpoint ({last})");
             std::process::exit(130);
         }
-        eprintln!("\ninterrupt: finishing the current step, then saving a checkpoint");
     });
     if let Err(e) = handler {
-        eprintln!("warning: Ctrl-C will not checkpoint ({e})");
+        eprintln!("warning: a signal will stop the run without a checkpoint ({e})");
     }
-    match train(&options(args), &stop) {
+}
+
+/// Runs the job; prints the summary (exit 0) or one error line (exit 1), or
+/// clap's usage error (exit 2).
+pub fn run(args: &Args, matches: &ArgMatches) -> ExitCode {
+    let stop = Arc::new(Stop::new());
+    install_handler(&stop);
+    match train(&options(args, matches), &stop) {
         Ok(summary) => {
-            if args.progress != ProgressArg::Quiet || summary.interrupted {
+            if args.progress != ProgressArg::Quiet || summary.status != RunStatus::Finished {
                 print_summary(&summary);
             }
             ExitCode::SUCCESS
         }
+        Err(e) if e.is_usage() => crate::usage_error("train", e),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code())
@@ -310,17 +356,45 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
+fn loss_part(w: Option<LossWindow>) -> String {
+    match w {
+        Some(w) if w.first == w.last => format!("{:.4} (step {})", w.mean, w.first),
+        Some(w) => format!("{:.4} (mean of steps {}-{})", w.mean, w.first, w.last),
+        None => "n/a".into(),
+    }
+}
+
 fn print_summary(s: &RunSummary) {
-    let status = if s.interrupted { "stopped" } else { "done" };
+    if s.status == RunStatus::AlreadyFinished {
+        println!(
+            "run {} is already finished: step {}/{}, nothing to train (extend it with \
+             `stepgraph train --resume {} --steps N`, N > {})",
+            s.run_dir.display(),
+            s.step,
+            s.steps,
+            s.run_dir.display(),
+            s.steps
+        );
+        if let Some(c) = &s.checkpoint {
+            println!("checkpoint: {}", c.display());
+        }
+        return;
+    }
+    let status = if s.status == RunStatus::Stopped {
+        "stopped"
+    } else {
+        "done"
+    };
     println!(
-        "{status}: step {}/{} in {} on {} ({} tok/s); train loss {:.4} -> {:.4}{}",
+        "{status}: step {}/{} in {} on {} ({} tok/s training, evaluation and checkpoints \
+         excluded); train loss {} -> {}{}",
         s.step,
         s.steps,
         clock(s.elapsed),
         s.engine,
         human(s.tokens_per_s),
-        s.first_loss,
-        s.last_loss,
+        loss_part(s.first_loss),
+        loss_part(s.last_loss),
         if s.skipped > 0 {
             format!("; {} non-finite steps skipped", s.skipped)
         } else {
@@ -341,10 +415,7 @@ fn print_summary(s: &RunSummary) {
     if let Some(p) = &s.plot {
         println!("plot: {}", p.display());
     }
-    if s.interrupted {
-        println!(
-            "resume: stepgraph train --resume {} (with the same flags)",
-            s.run_dir.display()
-        );
+    if s.status == RunStatus::Stopped {
+        println!("resume: stepgraph train --resume {}", s.run_dir.display());
     }
 }

@@ -72,6 +72,17 @@ impl DataFormat {
     }
 }
 
+/// What identifies a data file's contents: its size and a hash of its bytes
+/// (xxh3-64, computed during the pass that checks the ids). Saved with
+/// checkpoints, so a resume refuses a file that changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// File size.
+    pub bytes: u64,
+    /// xxh3-64 of the bytes, 16 hex digits.
+    pub xxh3: String,
+}
+
 /// A token file split into a training and a held-out part.
 #[derive(Debug)]
 pub struct FileData {
@@ -81,6 +92,7 @@ pub struct FileData {
     ntokens: usize,
     vocab_size: usize,
     split: usize,
+    fingerprint: Fingerprint,
 }
 
 impl FileData {
@@ -124,9 +136,11 @@ impl FileData {
         // One pass in fixed chunks: every id is checked, none is kept.
         let mut chunk = vec![0u8; SCAN_CHUNK];
         let mut index = 0usize;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         while index < ntokens {
             let take = (ntokens - index).min(SCAN_CHUNK / width) * width;
             file.read_exact(&mut chunk[..take]).map_err(io)?;
+            hasher.update(&chunk[..take]);
             for (i, t) in format.decode(&chunk[..take]).enumerate() {
                 if usize::try_from(t).map_or(true, |t| t >= vocab_size) {
                     return Err(TrainError::TokenOutOfRange {
@@ -160,7 +174,16 @@ impl FileData {
             ntokens,
             vocab_size,
             split,
+            fingerprint: Fingerprint {
+                bytes: len,
+                xxh3: format!("{:016x}", hasher.digest()),
+            },
         })
+    }
+
+    /// Size and hash of the file as it was checked.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
     }
 
     /// The file read.

@@ -18,7 +18,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 
-pub use file::{DataFormat, FileData};
+pub use file::{DataFormat, FileData, Fingerprint};
 pub use tasks::{Example, Task};
 
 use crate::train::TrainError;
@@ -281,6 +281,14 @@ impl Dataset {
                 task, train_len, ..
             } => task.width(*train_len),
             Source::File { window, .. } => *window,
+        }
+    }
+
+    /// Size and hash of a data file (`None` for a task).
+    pub fn fingerprint(&self) -> Option<&Fingerprint> {
+        match &self.source {
+            Source::Task { .. } => None,
+            Source::File { data, .. } => Some(data.fingerprint()),
         }
     }
 

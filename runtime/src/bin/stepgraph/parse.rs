@@ -1,0 +1,78 @@
+//! Value parsers for flags, so clap itself reports a bad value with the
+//! flag's name (`invalid value '-1' for '--lr <LR>': must be > 0`) and exit
+//! code 2, before anything runs.
+
+/// A count of at least 1.
+pub fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A `u64` count of at least 1.
+pub fn at_least_one_u64(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn float(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e: std::num::ParseFloatError| e.to_string())?;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err("must be a finite number".into())
+    }
+}
+
+/// A finite number above 0.
+pub fn positive(s: &str) -> Result<f64, String> {
+    let v = float(s)?;
+    if v > 0.0 {
+        Ok(v)
+    } else {
+        Err("must be > 0".into())
+    }
+}
+
+/// A finite number of at least 0.
+pub fn non_negative(s: &str) -> Result<f64, String> {
+    let v = float(s)?;
+    if v >= 0.0 {
+        Ok(v)
+    } else {
+        Err("must be >= 0".into())
+    }
+}
+
+/// A fraction strictly between 0 and 1.
+pub fn open_fraction(s: &str) -> Result<f64, String> {
+    let v = float(s)?;
+    if v > 0.0 && v < 1.0 {
+        Ok(v)
+    } else {
+        Err("must lie strictly between 0 and 1".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_values_are_refused_with_a_reason() {
+        assert_eq!(at_least_one("0"), Err("must be at least 1".into()));
+        assert_eq!(at_least_one("7"), Ok(7));
+        assert!(at_least_one("-1").is_err());
+        assert_eq!(positive("nan"), Err("must be a finite number".into()));
+        assert_eq!(positive("-1"), Err("must be > 0".into()));
+        assert_eq!(non_negative("0"), Ok(0.0));
+        assert_eq!(non_negative("-1e-9"), Err("must be >= 0".into()));
+        assert_eq!(open_fraction("1"), Err("must lie strictly between 0 and 1".into()));
+        assert_eq!(open_fraction("0.1"), Ok(0.1));
+    }
+}

@@ -1,0 +1,613 @@
+//! What a run *is*: [`RunConfig`] holds every setting that decides the
+//! numbers a run produces (data, model, device, precision, schedule,
+//! optimizer, seed) and its reporting cadence. It is saved with every
+//! checkpoint, so `--resume DIR` alone continues exactly that run.
+//!
+//! [`Setting`] names each of those settings by the flag that sets it. A
+//! resume compares the flags the user typed again with the saved run: an
+//! equal value is accepted, a changed one is refused naming the flag, except
+//! the few that may change ([`Setting::may_change`]), which are applied and
+//! logged. Validation ([`validate`], [`model_config`]) reports every problem
+//! against its flag, before anything is allocated.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::TrainError;
+use super::data::{DataFormat, DataSpec};
+use crate::mamba3::{AActivation, ConfigError, Mamba3Config, RopeFraction};
+use crate::optim::DecayPolicy;
+
+/// `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// The GPU engine when `Gpu::new(0)` succeeds, else the CPU (with a notice).
+    Auto,
+    /// The CPU engine.
+    Cpu,
+    /// The GPU engine (an error without a usable GPU).
+    Cuda,
+}
+
+impl Device {
+    /// The flag value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+        }
+    }
+}
+
+/// `--precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// f32 everywhere.
+    F32,
+    /// bf16 compute, f32 master weights (GPU only).
+    Bf16,
+}
+
+impl Precision {
+    /// The flag value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        }
+    }
+}
+
+/// `--decay`: which tensors AdamW decays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decay {
+    /// The 2-D matrices (embedding, projections).
+    Matrices,
+    /// Every tensor.
+    All,
+    /// No tensor.
+    None,
+}
+
+impl Decay {
+    /// The flag value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Matrices => "matrices",
+            Self::All => "all",
+            Self::None => "none",
+        }
+    }
+
+    /// The optimizer's policy.
+    pub fn policy(self) -> DecayPolicy {
+        match self {
+            Self::Matrices => DecayPolicy::MatricesOnly,
+            Self::All => DecayPolicy::All,
+            Self::None => DecayPolicy::Nothing,
+        }
+    }
+}
+
+/// Model size flags; the vocabulary comes from the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelSize {
+    /// Residual width.
+    pub d_model: usize,
+    /// Blocks.
+    pub n_layer: usize,
+    /// State size N.
+    pub d_state: usize,
+    /// Head dimension P.
+    pub headdim: usize,
+    /// `d_inner / d_model`.
+    pub expand: usize,
+    /// Rotate all state dims (`rope_fraction` 1.0) instead of half.
+    pub full_rope: bool,
+    /// `false`: the rotation ablation (`--no-rotation`): the angle rows of
+    /// every `in_proj` start at zero and never train, so no state rotates
+    /// (the paper's "w/o RoPE" row of Table 5b).
+    pub rotation: bool,
+    /// The decay map of `A` (`--a-activation`).
+    #[serde(with = "a_activation_name")]
+    pub a_activation: AActivation,
+}
+
+/// `AActivation` as its `config.json` name (`heavy_tail`, `softplus`).
+mod a_activation_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::mamba3::AActivation;
+
+    pub fn serialize<S: Serializer>(a: &AActivation, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(a.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<AActivation, D::Error> {
+        let name = String::deserialize(d)?;
+        AActivation::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown a_activation `{name}`")))
+    }
+}
+
+/// Everything that defines a run, saved with each of its checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    /// The data (a `--data` path is stored absolute, so a resume works from
+    /// any directory).
+    pub data: DataSpec,
+    /// Model size.
+    pub model: ModelSize,
+    /// Device requested.
+    pub device: Device,
+    /// Precision requested.
+    pub precision: Precision,
+    /// Rows per batch.
+    pub batch: usize,
+    /// Total steps (the schedule spans them).
+    pub steps: u64,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Final learning rate of the cosine.
+    pub min_lr: f64,
+    /// Warmup steps.
+    pub warmup: u64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Which tensors decay.
+    pub decay: Decay,
+    /// Global-norm clip (`None`: off).
+    pub clip: Option<f64>,
+    /// Seed of weights and data.
+    pub seed: u64,
+    /// Evaluate every this many steps (and at the end); 0: only at the end.
+    pub eval_every: u64,
+    /// Plain progress line every this many steps.
+    pub log_every: u64,
+    /// Checkpoint every this many steps (and at the end); 0: only at the end.
+    pub checkpoint_every: u64,
+    /// Checkpoints kept (at least 1).
+    pub keep: usize,
+}
+
+/// One setting of a [`RunConfig`], named by its flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[expect(missing_docs, reason = "each variant is the flag of the same name")]
+pub enum Setting {
+    Task,
+    TrainLen,
+    EvalLens,
+    Curriculum,
+    Data,
+    DataFormat,
+    VocabSize,
+    EvalFraction,
+    SeqLen,
+    DModel,
+    NLayer,
+    DState,
+    Headdim,
+    Expand,
+    FullRope,
+    NoRotation,
+    AActivation,
+    Device,
+    Precision,
+    Batch,
+    Steps,
+    Lr,
+    MinLr,
+    Warmup,
+    WeightDecay,
+    Decay,
+    Clip,
+    Seed,
+    EvalEvery,
+    LogEvery,
+    CheckpointEvery,
+    Keep,
+}
+
+/// A setting a resume changed (only [`Setting::may_change`] ones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The setting.
+    pub setting: Setting,
+    /// Its value in the saved run, as flags (`--steps 50`).
+    pub from: String,
+    /// Its value from now on.
+    pub to: String,
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (was {})", self.to, self.from)
+    }
+}
+
+impl Setting {
+    /// Every setting, in `--help` order.
+    pub const ALL: [Setting; 32] = [
+        Self::Task,
+        Self::TrainLen,
+        Self::EvalLens,
+        Self::Curriculum,
+        Self::Data,
+        Self::DataFormat,
+        Self::VocabSize,
+        Self::EvalFraction,
+        Self::SeqLen,
+        Self::DModel,
+        Self::NLayer,
+        Self::DState,
+        Self::Headdim,
+        Self::Expand,
+        Self::FullRope,
+        Self::NoRotation,
+        Self::AActivation,
+        Self::Device,
+        Self::Precision,
+        Self::Batch,
+        Self::Steps,
+        Self::Lr,
+        Self::MinLr,
+        Self::Warmup,
+        Self::WeightDecay,
+        Self::Decay,
+        Self::Clip,
+        Self::Seed,
+        Self::EvalEvery,
+        Self::LogEvery,
+        Self::CheckpointEvery,
+        Self::Keep,
+    ];
+
+    /// The flag, e.g. `--min-lr`.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Task => "--task",
+            Self::TrainLen => "--train-len",
+            Self::EvalLens => "--eval-lens",
+            Self::Curriculum => "--curriculum",
+            Self::Data => "--data",
+            Self::DataFormat => "--data-format",
+            Self::VocabSize => "--vocab-size",
+            Self::EvalFraction => "--eval-fraction",
+            Self::SeqLen => "--seq-len",
+            Self::DModel => "--d-model",
+            Self::NLayer => "--n-layer",
+            Self::DState => "--d-state",
+            Self::Headdim => "--headdim",
+            Self::Expand => "--expand",
+            Self::FullRope => "--full-rope",
+            Self::NoRotation => "--no-rotation",
+            Self::AActivation => "--a-activation",
+            Self::Device => "--device",
+            Self::Precision => "--precision",
+            Self::Batch => "--batch",
+            Self::Steps => "--steps",
+            Self::Lr => "--lr",
+            Self::MinLr => "--min-lr",
+            Self::Warmup => "--warmup",
+            Self::WeightDecay => "--weight-decay",
+            Self::Decay => "--decay",
+            Self::Clip => "--clip",
+            Self::Seed => "--seed",
+            Self::EvalEvery => "--eval-every",
+            Self::LogEvery => "--log-every",
+            Self::CheckpointEvery => "--checkpoint-every",
+            Self::Keep => "--keep",
+        }
+    }
+
+    /// Whether a resume may change it. The total step count (to extend a
+    /// run), the reporting and checkpoint cadence and the device do not
+    /// change what a step computes on one engine; `--data` may name a moved
+    /// file, whose contents must still match the run's fingerprint.
+    pub fn may_change(self) -> bool {
+        matches!(
+            self,
+            Self::Steps
+                | Self::EvalEvery
+                | Self::LogEvery
+                | Self::CheckpointEvery
+                | Self::Keep
+                | Self::Device
+                | Self::Data
+        )
+    }
+
+    /// The setting's value in `cfg`, as the user would type it
+    /// (`--lr 0.003`, `--full-rope`, `no --full-rope`); `None` when the
+    /// setting does not apply (a `--data` flag of a task run, or the reverse).
+    pub fn describe(self, cfg: &RunConfig) -> Option<String> {
+        let flag = self.flag();
+        let with = |v: String| Some(format!("{flag} {v}"));
+        let switch = |on: bool| Some(if on { flag.to_owned() } else { format!("no {flag}") });
+        let m = &cfg.model;
+        match (self, &cfg.data) {
+            (Self::Task, DataSpec::Task { task, .. }) => with(task.name().into()),
+            (Self::TrainLen, DataSpec::Task { train_len, .. }) => with(train_len.to_string()),
+            (Self::EvalLens, DataSpec::Task { eval_lens, .. }) => with(join(eval_lens)),
+            (Self::Curriculum, DataSpec::Task { curriculum, .. }) => with(curriculum.to_string()),
+            (Self::Data, DataSpec::File { path, .. }) => with(path.display().to_string()),
+            (Self::DataFormat, DataSpec::File { format, .. }) => with(format.name().into()),
+            (Self::VocabSize, DataSpec::File { vocab_size, .. }) => {
+                vocab_size.map(|v| format!("{flag} {v}"))
+            }
+            (Self::EvalFraction, DataSpec::File { eval_fraction, .. }) => {
+                with(eval_fraction.to_string())
+            }
+            (Self::SeqLen, DataSpec::File { seq_len, .. }) => with(seq_len.to_string()),
+            (
+                Self::Task | Self::TrainLen | Self::EvalLens | Self::Curriculum,
+                DataSpec::File { .. },
+            )
+            | (
+                Self::Data
+                | Self::DataFormat
+                | Self::VocabSize
+                | Self::EvalFraction
+                | Self::SeqLen,
+                DataSpec::Task { .. },
+            ) => None,
+            (Self::DModel, _) => with(m.d_model.to_string()),
+            (Self::NLayer, _) => with(m.n_layer.to_string()),
+            (Self::DState, _) => with(m.d_state.to_string()),
+            (Self::Headdim, _) => with(m.headdim.to_string()),
+            (Self::Expand, _) => with(m.expand.to_string()),
+            (Self::FullRope, _) => switch(m.full_rope),
+            (Self::NoRotation, _) => switch(!m.rotation),
+            (Self::AActivation, _) => with(
+                match m.a_activation {
+                    AActivation::HeavyTail => "heavy-tail",
+                    AActivation::Softplus => "softplus",
+                }
+                .into(),
+            ),
+            (Self::Device, _) => with(cfg.device.name().into()),
+            (Self::Precision, _) => with(cfg.precision.name().into()),
+            (Self::Batch, _) => with(cfg.batch.to_string()),
+            (Self::Steps, _) => with(cfg.steps.to_string()),
+            (Self::Lr, _) => with(cfg.lr.to_string()),
+            (Self::MinLr, _) => with(cfg.min_lr.to_string()),
+            (Self::Warmup, _) => with(cfg.warmup.to_string()),
+            (Self::WeightDecay, _) => with(cfg.weight_decay.to_string()),
+            (Self::Decay, _) => with(cfg.decay.name().into()),
+            (Self::Clip, _) => with(cfg.clip.map_or_else(|| "0".into(), |c| c.to_string())),
+            (Self::Seed, _) => with(cfg.seed.to_string()),
+            (Self::EvalEvery, _) => with(cfg.eval_every.to_string()),
+            (Self::LogEvery, _) => with(cfg.log_every.to_string()),
+            (Self::CheckpointEvery, _) => with(cfg.checkpoint_every.to_string()),
+            (Self::Keep, _) => with(cfg.keep.to_string()),
+        }
+    }
+
+    /// Copies this setting from `from` into `to` (only for
+    /// [`Self::may_change`] settings; the others are never applied).
+    fn apply(self, from: &RunConfig, to: &mut RunConfig) {
+        match self {
+            Self::Steps => to.steps = from.steps,
+            Self::EvalEvery => to.eval_every = from.eval_every,
+            Self::LogEvery => to.log_every = from.log_every,
+            Self::CheckpointEvery => to.checkpoint_every = from.checkpoint_every,
+            Self::Keep => to.keep = from.keep,
+            Self::Device => to.device = from.device,
+            Self::Data => {
+                if let (DataSpec::File { path: new, .. }, DataSpec::File { path, .. }) =
+                    (&from.data, &mut to.data)
+                {
+                    path.clone_from(new);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn join(v: &[usize]) -> String {
+    v.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The run a resume continues: `saved`, with the settings the user typed
+/// again (`given`, read from `typed`) compared against it. An equal value is
+/// accepted; a changed one is refused naming the flag, unless it
+/// [may change](Setting::may_change), in which case it is applied and
+/// returned as a [`Change`] for the log.
+pub fn merge_resume(
+    saved: &RunConfig,
+    typed: &RunConfig,
+    given: &[Setting],
+) -> Result<(RunConfig, Vec<Change>), TrainError> {
+    let mut merged = saved.clone();
+    let mut changes = Vec::new();
+    for &setting in given {
+        let (before, now) = (setting.describe(saved), setting.describe(typed));
+        if before == now {
+            continue;
+        }
+        let kind_kept = !matches!(
+            (&saved.data, &typed.data),
+            (DataSpec::Task { .. }, DataSpec::File { .. })
+                | (DataSpec::File { .. }, DataSpec::Task { .. })
+        );
+        if !(setting.may_change() && kind_kept) {
+            return Err(TrainError::ResumeChange {
+                flag: setting.flag(),
+                saved: before.unwrap_or_else(|| format!("no {}", setting.flag())),
+                given: now.unwrap_or_else(|| format!("no {}", setting.flag())),
+            });
+        }
+        setting.apply(typed, &mut merged);
+        changes.push(Change {
+            setting,
+            from: before.unwrap_or_default(),
+            to: now.unwrap_or_default(),
+        });
+    }
+    Ok((merged, changes))
+}
+
+fn invalid(flag: &'static str, reason: impl Into<String>) -> TrainError {
+    TrainError::InvalidOption {
+        flag,
+        reason: reason.into(),
+    }
+}
+
+/// Checks every value a run's flags can hold; each problem names its flag.
+pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
+    let at_least_one = [
+        ("--batch", u64::try_from(o.batch).unwrap_or(u64::MAX)),
+        ("--steps", o.steps),
+        ("--keep", u64::try_from(o.keep).unwrap_or(u64::MAX)),
+        ("--log-every", o.log_every),
+    ];
+    for (flag, v) in at_least_one {
+        if v == 0 {
+            return Err(invalid(flag, "must be at least 1"));
+        }
+    }
+    if !(o.lr.is_finite() && o.lr > 0.0) {
+        return Err(invalid("--lr", format!("must be finite and > 0, got {}", o.lr)));
+    }
+    for (flag, v) in [("--min-lr", o.min_lr), ("--weight-decay", o.weight_decay)] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(invalid(flag, format!("must be finite and >= 0, got {v}")));
+        }
+    }
+    if o.min_lr > o.lr {
+        return Err(invalid(
+            "--min-lr",
+            format!(
+                "{} is above --lr {}: the cosine decays from --lr down to --min-lr",
+                o.min_lr, o.lr
+            ),
+        ));
+    }
+    if let Some(c) = o.clip
+        && !(c.is_finite() && c > 0.0)
+    {
+        return Err(invalid(
+            "--clip",
+            format!("must be finite and >= 0 (0: off), got {c}"),
+        ));
+    }
+    match &o.data {
+        DataSpec::Task {
+            task,
+            train_len,
+            eval_lens,
+            ..
+        } => {
+            for (flag, n) in std::iter::once(("--train-len", *train_len))
+                .chain(eval_lens.iter().map(|&n| ("--eval-lens", n)))
+            {
+                if n < task.min_len() || n > task.max_len() {
+                    return Err(invalid(
+                        flag,
+                        format!(
+                            "{n} is outside {}..={} for task {}",
+                            task.min_len(),
+                            task.max_len(),
+                            task.name()
+                        ),
+                    ));
+                }
+            }
+        }
+        DataSpec::File {
+            format,
+            vocab_size,
+            eval_fraction,
+            seq_len,
+            ..
+        } => {
+            if !(eval_fraction.is_finite() && *eval_fraction > 0.0 && *eval_fraction < 1.0) {
+                return Err(invalid(
+                    "--eval-fraction",
+                    format!("must lie in (0, 1), got {eval_fraction}"),
+                ));
+            }
+            if *seq_len == 0 {
+                return Err(invalid("--seq-len", "must be at least 1"));
+            }
+            match (format, vocab_size) {
+                (DataFormat::Bytes, Some(_)) => {
+                    return Err(invalid(
+                        "--vocab-size",
+                        "only for --data-format u16|u32 (bytes have vocabulary 256)",
+                    ));
+                }
+                (DataFormat::U16 | DataFormat::U32, None) => {
+                    return Err(invalid(
+                        "--vocab-size",
+                        format!("required with --data-format {}", format.name()),
+                    ));
+                }
+                (_, Some(0)) => return Err(invalid("--vocab-size", "must be at least 1")),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The vocabulary the data implies (checked by [`validate`]).
+pub fn vocab_of(data: &DataSpec) -> usize {
+    match data {
+        DataSpec::Task { task, .. } => task.vocab_size(),
+        DataSpec::File { vocab_size, .. } => vocab_size.unwrap_or(256),
+    }
+}
+
+/// The model of a run, each problem reported against its flag.
+pub fn model_config(size: ModelSize, vocab: usize) -> Result<Mamba3Config, TrainError> {
+    let cfg = Mamba3Config {
+        d_model: size.d_model,
+        n_layer: size.n_layer,
+        vocab_size: vocab,
+        d_state: size.d_state,
+        headdim: size.headdim,
+        expand: size.expand,
+        rope_fraction: if size.full_rope {
+            RopeFraction::Full
+        } else {
+            RopeFraction::Half
+        },
+        a_activation: size.a_activation,
+        ..Mamba3Config::default()
+    };
+    cfg.validate().map_err(|e| flag_error(&size, e))?;
+    Ok(cfg)
+}
+
+/// A config error about a field the flags set, restated with the flags.
+fn flag_error(size: &ModelSize, e: ConfigError) -> TrainError {
+    let ConfigError::Invalid { field, reason } = &e else {
+        return TrainError::Config(e);
+    };
+    let flag = match field.as_str() {
+        "d_model" => "--d-model",
+        "n_layer" => "--n-layer",
+        "vocab_size" => "--vocab-size",
+        "ssm_cfg.d_state" => "--d-state",
+        "ssm_cfg.expand" => "--expand",
+        "ssm_cfg.headdim" => "--headdim",
+        _ => return TrainError::Config(e),
+    };
+    let reason = match flag {
+        "--headdim" => format!(
+            "{} must divide d_inner = --expand {} x --d-model {}; pick a --d-model whose \
+             expand x d_model is a multiple of --headdim, or a smaller --headdim",
+            size.headdim, size.expand, size.d_model
+        ),
+        _ => reason.clone(),
+    };
+    invalid(flag, reason)
+}
