@@ -1,6 +1,6 @@
 //! The built `stepgraph` binary: `init` writes a checkpoint, `eval` reads it
 //! back and reports the same loss (and gradients) as the library; bad input
-//! gives one error line and exit code 1.
+//! gives one error line and exit code 1, a bad flag a usage error (exit 2).
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -176,7 +176,11 @@ fn bad_input_gives_one_error_line_and_exit_1() {
     ]);
     assert_one_line_failure(&out, "config.json");
 
-    // Config flags that describe no valid model.
+}
+
+#[test]
+fn init_flags_that_describe_no_model_are_a_usage_error_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
     let out = stepgraph(&[
         "init",
         "--out",
@@ -190,5 +194,8 @@ fn bad_input_gives_one_error_line_and_exit_1() {
         "--headdim",
         "5",
     ]);
-    assert_one_line_failure(&out, "`ssm_cfg.headdim`");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.starts_with("error: --headdim: must divide"), "{err}");
+    assert!(!tmp.path().join("bad").exists());
 }

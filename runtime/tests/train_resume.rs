@@ -1,21 +1,22 @@
-//! Run checkpoints and resume on the CPU engine: atomic writes keeping the
-//! last K, N steps = N/2 + resume + N/2 bit for bit, refusal of a checkpoint
-//! from another configuration, and a tiny run whose loss falls.
+//! Run checkpoints and resume on the CPU engine, through the library: atomic
+//! writes keeping the last K, N steps = N/2 + resume + N/2 bit for bit (the
+//! resume given nothing but the run), refusal of a setting that would change
+//! the run, and a tiny run whose loss falls.
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 
 use stepgraph::mamba3::cpu::Weights;
 use stepgraph::mamba3::{AActivation, Mamba3Config};
-use stepgraph::optim::DecayPolicy;
 use stepgraph::train::checkpoint::{self, TrainState};
 use stepgraph::train::data::{DataSpec, Task};
 use stepgraph::train::report::ProgressMode;
-use stepgraph::train::run::ModelSize;
-use stepgraph::train::{Device, EngineState, Precision, TrainError, TrainOptions, train};
+use stepgraph::train::{
+    Decay, Device, EngineState, ModelSize, Precision, Resume, RunConfig, RunStatus, Setting,
+    Stop, TrainError, TrainOptions, train,
+};
 
-fn options(run_dir: &Path, steps: u64) -> TrainOptions {
-    TrainOptions {
+fn run_config(steps: u64) -> RunConfig {
+    RunConfig {
         data: DataSpec::Task {
             task: Task::Parity,
             train_len: 6,
@@ -40,15 +41,35 @@ fn options(run_dir: &Path, steps: u64) -> TrainOptions {
         min_lr: 1e-3,
         warmup: 2,
         weight_decay: 0.1,
-        decay: DecayPolicy::MatricesOnly,
+        decay: Decay::Matrices,
         clip: Some(1.0),
         seed: 5,
         eval_every: 3,
         log_every: 1,
         checkpoint_every: 0,
         keep: 2,
+    }
+}
+
+fn options(run_dir: &Path, steps: u64) -> TrainOptions {
+    TrainOptions {
+        run: run_config(steps),
         run_dir: Some(run_dir.to_path_buf()),
         resume: None,
+        stop_after: None,
+        progress: ProgressMode::Quiet,
+    }
+}
+
+/// Options resuming `run` with `given` settings read from `typed`.
+fn resume(run: &Path, typed: RunConfig, given: Vec<Setting>) -> TrainOptions {
+    TrainOptions {
+        run: typed,
+        run_dir: None,
+        resume: Some(Resume {
+            from: run.to_path_buf(),
+            given,
+        }),
         stop_after: None,
         progress: ProgressMode::Quiet,
     }
@@ -58,12 +79,13 @@ fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn train_lines(run: &Path) -> Vec<String> {
-    // The train records minus their timing fields, which differ run to run.
+fn records(run: &Path) -> Vec<String> {
+    // The train and eval records minus their timing fields, which differ
+    // run to run.
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
-        .filter(|l| l.contains("\"kind\":\"train\""))
+        .filter(|l| !l.contains("\"kind\":\"resume\""))
         .map(|l| {
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
             let o = v.as_object_mut().unwrap();
@@ -78,26 +100,22 @@ fn train_lines(run: &Path) -> Vec<String> {
 fn resume_continues_bit_identically() {
     let dir = tempfile::tempdir().unwrap();
     let (whole, split) = (dir.path().join("whole"), dir.path().join("split"));
-    let stop = AtomicBool::new(false);
+    let stop = Stop::new();
     let n = 8;
     let a = train(&options(&whole, n), &stop).unwrap();
-    assert_eq!((a.step, a.interrupted), (n, false));
+    assert_eq!((a.step, a.status), (n, RunStatus::Finished));
 
     let first = TrainOptions {
         stop_after: Some(n / 2),
         ..options(&split, n)
     };
     let b = train(&first, &stop).unwrap();
-    assert_eq!((b.step, b.interrupted), (n / 2, true));
-    let resume = TrainOptions {
-        resume: Some(split.clone()),
-        run_dir: None,
-        ..options(&split, n)
-    };
-    let c = train(&resume, &stop).unwrap();
+    assert_eq!((b.step, b.status), (n / 2, RunStatus::Stopped));
+    // Nothing but the place: the run's settings come from its checkpoint.
+    let c = train(&resume(&split, run_config(1), Vec::new()), &stop).unwrap();
     assert_eq!(
-        (c.step, c.interrupted, c.run_dir.clone()),
-        (n, false, split.clone())
+        (c.step, c.status, c.run_dir.clone()),
+        (n, RunStatus::Finished, split.clone())
     );
 
     let name = checkpoint::step_dir_name(n);
@@ -117,51 +135,52 @@ fn resume_continues_bit_identically() {
     );
     assert_eq!(sa, sc, "counters and data position agree");
     assert_eq!(
-        train_lines(&whole),
-        train_lines(&split),
-        "every step's loss, lr and grad norm agree"
+        records(&whole),
+        records(&split),
+        "every step's loss, lr and grad norm, and every evaluation, agree"
     );
     assert!(split.join("plot.svg").is_file());
 }
 
 #[test]
-fn a_checkpoint_from_another_config_is_refused() {
+fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let stop = AtomicBool::new(false);
+    let stop = Stop::new();
     train(&options(&run, 2), &stop).unwrap();
-    let mut other = options(&run, 4);
-    other.resume = Some(run.clone());
-    other.model.d_model = 16;
-    let err = train(&other, &stop).err().unwrap();
+    let refused = |typed: RunConfig, setting: Setting| {
+        let err = train(&resume(&run, typed, vec![setting]), &stop)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&err, TrainError::ResumeChange { flag, .. } if *flag == setting.flag()),
+            "{err}"
+        );
+        assert_eq!(err.exit_code(), 2);
+        err.to_string()
+    };
+    let mut typed = run_config(4);
+    typed.model.d_model = 16;
+    let msg = refused(typed, Setting::DModel);
     assert!(
-        matches!(&err, TrainError::ConfigMismatch { field, .. } if field == "d_model"),
-        "{err}"
+        msg.contains("has `--d-model 8`, this command says `--d-model 16`"),
+        "{msg}"
     );
-    assert_eq!(err.exit_code(), 1);
-    let mut other = options(&run, 4);
-    other.resume = Some(run.clone());
-    other.data = DataSpec::Task {
+    let mut typed = run_config(4);
+    typed.data = DataSpec::Task {
         task: Task::Parity,
         train_len: 7,
         eval_lens: vec![6, 12],
         curriculum: 0,
     };
-    let err = train(&other, &stop).err().unwrap();
-    assert!(
-        err.to_string().contains(
-            "data is `task parity, train_len 6, eval 6,12` there, `task parity, train_len 7"
-        ),
-        "{err}"
-    );
-    let mut other = options(&run, 4);
-    other.resume = Some(run.clone());
-    other.model.rotation = false;
-    let err = train(&other, &stop).err().unwrap();
-    assert!(
-        matches!(&err, TrainError::ConfigMismatch { field, .. } if field == "rotation"),
-        "{err}"
-    );
+    refused(typed, Setting::TrainLen);
+    let mut typed = run_config(4);
+    typed.model.rotation = false;
+    let msg = refused(typed, Setting::NoRotation);
+    assert!(msg.contains("has `no --no-rotation`"), "{msg}");
+    // The same value typed again is no change.
+    let again = train(&resume(&run, run_config(2), vec![Setting::Steps]), &stop).unwrap();
+    assert_eq!(again.status, RunStatus::AlreadyFinished);
 }
 
 fn state(cfg: &Mamba3Config, step: u64) -> (EngineState, TrainState) {
@@ -179,22 +198,16 @@ fn state(cfg: &Mamba3Config, step: u64) -> (EngineState, TrainState) {
         skipped: 0,
     };
     let train = TrainState {
-        format: 1,
+        format: checkpoint::FORMAT,
         step,
         adam_steps: step,
         skipped: 0,
-        seed: 0,
-        batch: 2,
-        precision: "f32".into(),
-        data: DataSpec::Task {
-            task: Task::Parity,
-            train_len: 4,
-            eval_lens: vec![4],
-            curriculum: 0,
-        },
-        rotation: true,
+        run: run_config(10),
+        engine: "cpu f32".into(),
+        data_fingerprint: None,
         data_batches: step,
         data_word_pos: (u128::from(u64::MAX) + 7).to_string(),
+        files: Default::default(),
     };
     (engine, train)
 }
@@ -230,13 +243,22 @@ fn checkpoints_are_atomic_and_only_the_last_k_are_kept() {
             .iter()
             .any(|n| n.starts_with(".tmp-step-0000000") && n != ".tmp-step-00000009")
     );
-    let latest = checkpoint::resolve(dir.path()).unwrap();
+    let found = checkpoint::find(dir.path()).unwrap();
+    let latest = found.dir.clone();
     assert_eq!(latest, root.join("step-00000005"));
+    assert!(found.skipped.is_empty());
     let (cfg2, e, t) = checkpoint::load(&latest).unwrap();
     let (want_e, want_t) = state(&cfg, 5);
     assert_eq!(cfg2, cfg);
     assert_eq!(e, want_e);
-    assert_eq!(t, want_t);
+    assert_eq!(
+        TrainState {
+            files: Default::default(),
+            ..t.clone()
+        },
+        want_t
+    );
+    assert_eq!(t.files.len(), 3, "a checksum per file");
     assert_eq!(
         t.data_position(&latest).unwrap().word_pos,
         u128::from(u64::MAX) + 7
@@ -249,16 +271,16 @@ fn checkpoints_are_atomic_and_only_the_last_k_are_kept() {
 #[test]
 fn a_tiny_run_learns() {
     let dir = tempfile::tempdir().unwrap();
-    let stop = AtomicBool::new(false);
-    let opts = TrainOptions {
-        eval_every: 0,
-        ..options(&dir.path().join("run"), 60)
-    };
+    let stop = Stop::new();
+    let mut opts = options(&dir.path().join("run"), 60);
+    opts.run.eval_every = 0;
     let s = train(&opts, &stop).unwrap();
     // Parity answers start near ln(8) (uniform over the padded vocab) and
     // quickly fall toward ln(2) once the model predicts a bit.
-    assert!(s.first_loss > 1.5, "{}", s.first_loss);
-    assert!(s.last_loss < 0.8, "{} -> {}", s.first_loss, s.last_loss);
+    let (first, last) = (s.first_loss.unwrap(), s.last_loss.unwrap());
+    assert_eq!((first.first, first.last, last.first, last.last), (1, 30, 31, 60));
+    assert!(first.mean > 1.2, "{}", first.mean);
+    assert!(last.mean < 0.8, "{} -> {}", first.mean, last.mean);
     assert_eq!(s.eval.len(), 2, "final eval of both lengths");
     assert_eq!(s.skipped, 0);
 }

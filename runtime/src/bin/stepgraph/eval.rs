@@ -2,6 +2,11 @@
 //! file, on the CPU reference model (or, with `--device cuda`, the GPU model
 //! in f32, or in bf16 mixed precision with `--precision bf16`), optionally
 //! with the gradient of that loss for every parameter.
+//!
+//! The tokens come from a safetensors file (`--tokens`, one integer tensor
+//! `tokens` of shape `[B, T+1]`), or straight from a file in `train --data`'s
+//! formats (`--data`): its held-out tail, cut into the same windows `train`
+//! evaluates on, so the loss is comparable with a run's `held-out` eval.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,6 +18,8 @@ use stepgraph::mamba3::cpu::{
     Float, ModelError, ScanMode, TokenError, Tokens, forward, try_backward,
 };
 use stepgraph::mamba3::gpu::{self as gpu_model, Mamba3GpuError, StepWeights};
+use stepgraph::train::TrainError;
+use stepgraph::train::data::{DataFormat, FILE_EVAL_ROWS, FileData};
 
 /// Arguments of `stepgraph eval`.
 #[derive(clap::Args)]
@@ -21,8 +28,24 @@ pub struct Args {
     #[arg(long)]
     checkpoint: PathBuf,
     /// Safetensors file with one integer tensor `tokens` of shape [B, T+1].
+    #[arg(long, required_unless_present = "data", conflicts_with = "data")]
+    tokens: Option<PathBuf>,
+    /// A text or token file as `train --data` reads it: the windows of its
+    /// held-out tail (the last --eval-fraction) are evaluated.
     #[arg(long)]
-    tokens: PathBuf,
+    data: Option<PathBuf>,
+    /// How --data encodes tokens (u16/u32 ids are checked against the model's vocabulary).
+    #[arg(long, value_enum, default_value_t = FormatArg::Bytes, requires = "data")]
+    data_format: FormatArg,
+    /// Window length T of --data (each row holds T + 1 tokens).
+    #[arg(long, default_value_t = 64, value_parser = crate::parse::at_least_one, requires = "data")]
+    seq_len: usize,
+    /// Fraction of --data held out at its end (as `train --eval-fraction`).
+    #[arg(long, default_value_t = 0.1, value_parser = crate::parse::open_fraction, requires = "data")]
+    eval_fraction: f64,
+    /// Most --data windows evaluated.
+    #[arg(long, default_value_t = FILE_EVAL_ROWS, value_parser = crate::parse::at_least_one, requires = "data")]
+    max_rows: usize,
     /// Precision: f64 or f32 on the CPU; on the GPU f32 (also for f64) or
     /// bf16 mixed precision (f32 masters, bf16 GEMMs, f32 scan and norms).
     #[arg(long, value_enum, default_value_t = EvalPrecision::F64)]
@@ -34,6 +57,17 @@ pub struct Args {
     /// (safetensors, official parameter names).
     #[arg(long)]
     grads_out: Option<PathBuf>,
+}
+
+/// `--data-format`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum FormatArg {
+    /// One token per byte (vocabulary 256).
+    Bytes,
+    /// Little-endian u16 ids.
+    U16,
+    /// Little-endian u32 ids.
+    U32,
 }
 
 /// Floating-point precision of the CPU model.
@@ -79,6 +113,13 @@ enum EvalError {
     Gpu(#[from] Mamba3GpuError),
     #[error("--precision bf16 needs --device cuda (the CPU model computes in f64 or f32)")]
     Bf16OnCpu,
+    #[error(transparent)]
+    Data(#[from] TrainError),
+    #[error(
+        "--data-format bytes has ids up to 255, the checkpoint's vocabulary is {0} (use the \
+         format the model was trained on)"
+    )]
+    BytesVocab(usize),
 }
 
 /// Prints `{"loss": ..., "tokens": ...}` on success (exit 0), one error line
@@ -104,7 +145,8 @@ pub fn run(args: &Args) -> ExitCode {
 
 fn evaluate<T: Float>(args: &Args) -> Result<String, EvalError> {
     let (cfg, weights) = checkpoint::load::<T>(&args.checkpoint)?;
-    let tokens = read_tokens(&args.tokens, cfg.vocab_size)?;
+    let (values, shape) = token_values(args, cfg.vocab_size)?;
+    let tokens = shaped(args, &values, &shape, cfg.vocab_size)?;
     let out = forward(&cfg, &weights, &tokens, None, ScanMode::Chunked)?;
     if let Some(path) = &args.grads_out {
         let grads = try_backward(&cfg, &weights, &out)?;
@@ -122,9 +164,9 @@ fn evaluate<T: Float>(args: &Args) -> Result<String, EvalError> {
 /// or, with `mixed`, in bf16 mixed precision.
 fn evaluate_cuda(args: &Args, mixed: bool) -> Result<String, EvalError> {
     let (cfg, weights) = checkpoint::load::<f32>(&args.checkpoint)?;
-    let tokens = read_tokens(&args.tokens, cfg.vocab_size)?;
+    let (values, shape) = token_values(args, cfg.vocab_size)?;
+    let tokens = shaped(args, &values, &shape, cfg.vocab_size)?;
     let (batch, len) = (tokens.batch(), tokens.len());
-    let (values, _) = checkpoint::read_int_tensor(&args.tokens, "tokens")?;
     // Ids were range-checked by `read_tokens`, so they fit an i32.
     let ids: Vec<i32> = values
         .iter()
@@ -173,10 +215,37 @@ fn run_cuda<W: StepWeights>(
     Ok(l.first().copied().unwrap_or(f32::NAN))
 }
 
-fn read_tokens(path: &Path, vocab_size: usize) -> Result<Tokens, EvalError> {
-    let (values, shape) = checkpoint::read_int_tensor(path, "tokens")?;
-    Tokens::from_shaped(&values, &shape, vocab_size).map_err(|source| EvalError::Tokens {
-        path: path.to_path_buf(),
+/// The token ids and their `[B, T+1]` shape, from `--tokens` or `--data`.
+fn token_values(args: &Args, vocab_size: usize) -> Result<(Vec<i64>, Vec<usize>), EvalError> {
+    let Some(path) = &args.data else {
+        let path = args.tokens.as_deref().unwrap_or(Path::new("tokens.safetensors"));
+        return Ok(checkpoint::read_int_tensor(path, "tokens")?);
+    };
+    let (format, vocab) = match args.data_format {
+        FormatArg::Bytes if vocab_size < 256 => return Err(EvalError::BytesVocab(vocab_size)),
+        FormatArg::Bytes => (DataFormat::Bytes, None),
+        FormatArg::U16 => (DataFormat::U16, Some(vocab_size)),
+        FormatArg::U32 => (DataFormat::U32, Some(vocab_size)),
+    };
+    let window = args.seq_len.saturating_add(1);
+    let file = FileData::open(path, format, vocab, args.eval_fraction, window)?;
+    let batches = file.eval_batches(args.max_rows, window, args.max_rows)?;
+    let mut values = Vec::new();
+    let mut rows = 0;
+    for b in &batches {
+        values.extend(b.tokens.iter().map(|&t| i64::from(t)));
+        rows += b.rows;
+    }
+    Ok((values, vec![rows, window]))
+}
+
+fn shaped(args: &Args, values: &[i64], shape: &[usize], vocab: usize) -> Result<Tokens, EvalError> {
+    Tokens::from_shaped(values, shape, vocab).map_err(|source| EvalError::Tokens {
+        path: args
+            .data
+            .clone()
+            .or_else(|| args.tokens.clone())
+            .unwrap_or_default(),
         source,
     })
 }

@@ -1,18 +1,29 @@
 //! `stepgraph init`: writes a checkpoint with fresh official-init weights, in
 //! the official layout, so `eval` (or PyTorch) can load it.
+//!
+//! The checkpoint is built in a temporary sibling directory and renamed into
+//! place, so `--out` never mixes old and new files: a directory that holds
+//! anything is refused (a usage error), and `--force` replaces it whole
+//! (the old one is renamed aside first and removed only once the new one is
+//! in place).
 
-use std::path::PathBuf;
+use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use stepgraph::mamba3::cpu::{Float, Weights};
+use stepgraph::mamba3::checkpoint::CheckpointError;
+use stepgraph::mamba3::cpu::{Float, ModelError, Weights};
 use stepgraph::mamba3::{ConfigError, Mamba3Config, RopeFraction, checkpoint};
 
 /// Arguments of `stepgraph init`. Omitted mixer options take the official defaults.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Output checkpoint directory (created if needed).
+    /// Output checkpoint directory: created; an existing one must be empty.
     #[arg(long)]
     out: PathBuf,
+    /// Replace a non-empty --out directory whole.
+    #[arg(long)]
+    force: bool,
     /// Residual stream width.
     #[arg(long)]
     d_model: usize,
@@ -57,14 +68,67 @@ pub struct Args {
     dtype: crate::eval::Precision,
 }
 
-/// Writes the checkpoint and prints its directory (exit 0), or one error line (exit 1).
+/// Why no checkpoint was written.
+#[derive(Debug, thiserror::Error)]
+enum InitError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InitError {
+    let path = path.to_path_buf();
+    move |source| InitError::Io { path, source }
+}
+
+/// What a non-empty `--out` holds, for the refusal (`None`: absent or empty).
+fn contents(dir: &Path) -> Option<Vec<String>> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    (!names.is_empty()).then_some(names)
+}
+
+/// Writes the checkpoint and prints its directory (exit 0), one error line
+/// (exit 1), or a usage error (exit 2: a configuration the model cannot
+/// have, or a non-empty `--out` without `--force`).
 pub fn run(args: &Args) -> ExitCode {
-    let result = config(args)
-        .map_err(|e| e.to_string())
-        .and_then(|cfg| match args.dtype {
-            crate::eval::Precision::F64 => write::<f64>(args, &cfg),
-            crate::eval::Precision::F32 => write::<f32>(args, &cfg),
-        });
+    let cfg = match config(args) {
+        Ok(cfg) => cfg,
+        Err(ConfigError::Invalid { field, reason }) => {
+            // Each config field is set by the flag of the same name.
+            let flag = field.trim_start_matches("ssm_cfg.").replace('_', "-");
+            crate::usage_error("init", format!("--{flag}: {reason}"))
+        }
+        Err(e) => crate::usage_error("init", e),
+    };
+    if !args.force
+        && let Some(names) = contents(&args.out)
+    {
+        crate::usage_error(
+            "init",
+            format!(
+                "--out {} is not empty (it holds {}); choose another directory, or add --force \
+                 to replace it whole",
+                args.out.display(),
+                names.join(", ")
+            ),
+        );
+    }
+    let result = match args.dtype {
+        crate::eval::Precision::F64 => write::<f64>(args, &cfg),
+        crate::eval::Precision::F32 => write::<f32>(args, &cfg),
+    };
     match result {
         Ok(()) => {
             println!("{}", args.out.display());
@@ -97,7 +161,40 @@ fn config(args: &Args) -> Result<Mamba3Config, ConfigError> {
     Ok(cfg)
 }
 
-fn write<T: Float>(args: &Args, cfg: &Mamba3Config) -> Result<(), String> {
-    let weights = Weights::<T>::init(cfg, args.seed).map_err(|e| e.to_string())?;
-    checkpoint::save(&args.out, cfg, &weights).map_err(|e| e.to_string())
+/// Builds the checkpoint beside `--out`, then moves it into place.
+fn write<T: Float>(args: &Args, cfg: &Mamba3Config) -> Result<(), InitError> {
+    let out = &args.out;
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(parent).map_err(io(parent))?;
+    let name = out
+        .file_name()
+        .map_or_else(|| "checkpoint".into(), |n| n.to_string_lossy().into_owned());
+    let pid = std::process::id();
+    let tmp = parent.join(format!(".{name}.init-{pid}"));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    let weights = Weights::<T>::init(cfg, args.seed)?;
+    checkpoint::save(&tmp, cfg, &weights)?;
+    let old = parent.join(format!(".{name}.replaced-{pid}"));
+    let had_old = match contents(out) {
+        Some(_) => {
+            fs::rename(out, &old).map_err(io(out))?;
+            true
+        }
+        None => {
+            if out.is_dir() {
+                fs::remove_dir(out).map_err(io(out))?;
+            }
+            false
+        }
+    };
+    fs::rename(&tmp, out).map_err(io(out))?;
+    if had_old {
+        fs::remove_dir_all(&old).map_err(io(&old))?;
+    }
+    Ok(())
 }
