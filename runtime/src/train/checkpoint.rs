@@ -274,6 +274,7 @@ pub fn find(path: &Path) -> Result<Found, TrainError> {
                     skipped,
                 });
             }
+            Err(TrainError::BadCheckpoint { reason, .. }) => skipped.push((dir, reason)),
             Err(e) => skipped.push((dir, e.to_string())),
         }
     }
