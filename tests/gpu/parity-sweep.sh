@@ -3,14 +3,19 @@
 # each, its eval lines and final summary. Used to search the parity recipe of
 # issue 7 (train on sizes <= 160, evaluate 256) on the device machine:
 #
-#   bash scripts/parity-sweep.sh SWEEP_FILE [BIN]
+#   bash tests/gpu/parity-sweep.sh tests/gpu/parity-sweep-1.txt [BIN]
 #
 # SWEEP_FILE holds one job per line, `name: train flags`; `#` lines are
 # skipped. Every job gets `--progress plain --run-dir $OUT/parity/NAME`; its
-# output goes to $OUT/parity/NAME.log. BIN defaults to .gpu/bin/stepgraph.
+# output goes to $OUT/parity/NAME.log. BIN defaults to .gpu/bin/stepgraph,
+# which `bash tests/gpu/stage` builds (or pass target/release/stepgraph).
 set -uo pipefail
 sweep=$1
 bin=${2:-.gpu/bin/stepgraph}
+if [ ! -x "$bin" ]; then
+  echo "no $bin: run 'bash tests/gpu/stage' first, or pass the binary as the second argument" >&2
+  exit 2
+fi
 out=${OUT:-$(mktemp -d)}/parity
 mkdir -p "$out"
 names=()
