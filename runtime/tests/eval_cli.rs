@@ -175,7 +175,6 @@ fn bad_input_gives_one_error_line_and_exit_1() {
         path(&other),
     ]);
     assert_one_line_failure(&out, "config.json");
-
 }
 
 #[test]

@@ -92,8 +92,20 @@ fn tiny(mut args: Vec<String>, cwd: &Path) -> Vec<String> {
                 }
             }
             let mut extra = vec![
-                "--d-model", "8", "--d-state", "8", "--headdim", "4", "--batch", "2", "--steps",
-                "3", "--device", "cpu", "--progress", "quiet",
+                "--d-model",
+                "8",
+                "--d-state",
+                "8",
+                "--headdim",
+                "4",
+                "--batch",
+                "2",
+                "--steps",
+                "3",
+                "--device",
+                "cpu",
+                "--progress",
+                "quiet",
             ];
             if !args.iter().any(|a| a == "--data") {
                 extra.extend(["--train-len", "4", "--eval-lens", "4"]);
@@ -113,7 +125,10 @@ fn tiny(mut args: Vec<String>, cwd: &Path) -> Vec<String> {
                 if a.contains("/checkpoints/step-") && !p.exists() {
                     let run = p.parent().and_then(Path::parent).unwrap();
                     let last = *ckpt_steps(run).last().expect("a checkpoint");
-                    *a = format!("{}/step-{last:08}", Path::new(a).parent().unwrap().display());
+                    *a = format!(
+                        "{}/step-{last:08}",
+                        Path::new(a).parent().unwrap().display()
+                    );
                 }
             }
             args
@@ -167,21 +182,29 @@ fn every_flag_the_training_section_names_exists() {
 }
 
 fn text_of(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_stepgraph")).args(args).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_stepgraph"))
+        .args(args)
+        .output()
+        .unwrap();
     text(&out.stdout)
 }
 
 #[test]
 fn every_path_the_readme_names_is_in_the_repository() {
     let text = readme();
-    assert!(!text.contains("../shared"), "the README uses only what the repository has");
+    assert!(
+        !text.contains("../shared"),
+        "the README uses only what the repository has"
+    );
     assert!(!text.contains("scripts/"), "scripts/ moved to tests/gpu/");
     let mut checked = 0;
     for word in text.split(|c: char| c.is_whitespace() || "`()[],;:".contains(c)) {
         let word = word.trim_end_matches('.');
-        let is_path = ["tests/", "specs/", "kernels/", "runtime/", "macros/", ".ci/"]
-            .iter()
-            .any(|p| word.starts_with(p));
+        let is_path = [
+            "tests/", "specs/", "kernels/", "runtime/", "macros/", ".ci/",
+        ]
+        .iter()
+        .any(|p| word.starts_with(p));
         if !is_path {
             continue;
         }
@@ -205,19 +228,40 @@ fn every_path_the_readme_names_is_in_the_repository() {
 #[test]
 fn eval_reads_a_data_file_and_agrees_with_trains_held_out_eval() {
     let dir = tempfile::tempdir().unwrap();
-    let corpus: Vec<u8> = (0..4000u32).map(|i| b"stepgraph trains mamba "[(i * 5 % 23) as usize]).collect();
+    let corpus: Vec<u8> = (0..4000usize)
+        .map(|i| b"stepgraph trains mamba "[i * 5 % 23])
+        .collect();
     std::fs::write(dir.path().join("c.txt"), corpus).unwrap();
     let stdout = ok(&stepgraph(
         &[
-            "train", "--device", "cpu", "--d-model", "8", "--d-state", "8", "--headdim", "4",
-            "--batch", "4", "--steps", "4", "--data", "c.txt", "--seq-len", "16", "--run-dir", "r",
-            "--progress", "plain",
+            "train",
+            "--device",
+            "cpu",
+            "--d-model",
+            "8",
+            "--d-state",
+            "8",
+            "--headdim",
+            "4",
+            "--batch",
+            "4",
+            "--steps",
+            "4",
+            "--data",
+            "c.txt",
+            "--seq-len",
+            "16",
+            "--run-dir",
+            "r",
+            "--progress",
+            "plain",
         ],
         dir.path(),
     ));
     // The summary says what its losses are.
     assert!(
-        stdout.contains("train loss ") && stdout.contains(" (mean of steps 1-2) -> ")
+        stdout.contains("train loss ")
+            && stdout.contains(" (mean of steps 1-2) -> ")
             && stdout.contains(" (mean of steps 3-4)"),
         "{stdout}"
     );
@@ -229,8 +273,15 @@ fn eval_reads_a_data_file_and_agrees_with_trains_held_out_eval() {
         .unwrap();
     let out = ok(&stepgraph(
         &[
-            "eval", "--checkpoint", "r/checkpoints/step-00000004", "--data", "c.txt", "--seq-len",
-            "16", "--precision", "f32",
+            "eval",
+            "--checkpoint",
+            "r/checkpoints/step-00000004",
+            "--data",
+            "c.txt",
+            "--seq-len",
+            "16",
+            "--precision",
+            "f32",
         ],
         dir.path(),
     ));
@@ -255,7 +306,10 @@ fn the_gpu_runner_runs_every_staged_binary_and_reports_failures() {
         Command::new("chmod").arg("+x").arg(&p).status().unwrap();
     };
     fake("good", "echo 'test result: ok. 2 passed; 0 failed'");
-    fake("bad", "echo 'test result: FAILED. 1 passed; 1 failed'; exit 101");
+    fake(
+        "bad",
+        "echo 'test result: FAILED. 1 passed; 1 failed'; exit 101",
+    );
     let out = Command::new("bash")
         .arg(root().join("tests/gpu/run-tests.sh"))
         .arg("some_filter")
@@ -266,7 +320,12 @@ fn the_gpu_runner_runs_every_staged_binary_and_reports_failures() {
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("=== bad FAILED (rc=101)"), "{stdout}");
-    assert!(stdout.lines().any(|l| l.starts_with("good") && l.contains("rc=0") && l.contains("2 passed")), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("good") && l.contains("rc=0") && l.contains("2 passed")),
+        "{stdout}"
+    );
     let log = std::fs::read_to_string(dir.path().join("out/gpu-tests.log")).unwrap();
     assert!(log.contains("args: --include-ignored some_filter"), "{log}");
     // Nothing staged: says how to stage.

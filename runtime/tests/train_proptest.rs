@@ -38,7 +38,15 @@ fn job(
     (d_model, expand, headdim, d_state, n_layer): (usize, usize, usize, usize, usize),
     (full_rope, no_rotation, softplus): (bool, bool, bool),
     (batch, steps, stop, lr, min_frac, warmup): (usize, u64, u64, usize, usize, u64),
-    (wd, decay, clip, seed, eval_every, ckpt_every, keep): (usize, usize, usize, u64, usize, usize, usize),
+    (wd, decay, clip, seed, eval_every, ckpt_every, keep): (
+        usize,
+        usize,
+        usize,
+        u64,
+        usize,
+        usize,
+        usize,
+    ),
 ) -> Job {
     let mut f: Vec<String> = Vec::new();
     // A switch is added with an empty value, which is left out.
@@ -54,13 +62,22 @@ fn job(
         add("--seq-len", (3 + len).to_string());
     } else {
         let (name, lo, hi) = pick(
-            &[("parity", 1, 6), ("modarith", 1, 4), ("copy", 4, 7), ("mqar", 1, 4)],
+            &[
+                ("parity", 1, 6),
+                ("modarith", 1, 4),
+                ("copy", 4, 7),
+                ("mqar", 1, 4),
+            ],
             task,
         );
         let n = lo + len % (hi - lo + 1);
         add("--task", name.into());
         add("--train-len", n.to_string());
-        let evals = if eval_more { format!("{n},{}", (n + 2).min(hi + 2)) } else { n.to_string() };
+        let evals = if eval_more {
+            format!("{n},{}", (n + 2).min(hi + 2))
+        } else {
+            n.to_string()
+        };
         add("--eval-lens", evals);
         if curriculum {
             add("--curriculum", "3".into());
@@ -71,7 +88,10 @@ fn job(
     let p = pick(&[2, 4], headdim);
     add("--d-model", d.to_string());
     add("--expand", e.to_string());
-    add("--headdim", (if (d * e) % p == 0 { p } else { 2 }).to_string());
+    add(
+        "--headdim",
+        (if (d * e) % p == 0 { p } else { 2 }).to_string(),
+    );
     add("--d-state", pick(&[4, 8], d_state).to_string());
     add("--n-layer", pick(&[1, 2], n_layer).to_string());
     if softplus {
@@ -86,14 +106,20 @@ fn job(
     add("--batch", batch.to_string());
     add("--steps", steps.to_string());
     add("--lr", lr.to_string());
-    add("--min-lr", (lr * pick(&[0.0, 0.1, 1.0], min_frac)).to_string());
+    add(
+        "--min-lr",
+        (lr * pick(&[0.0, 0.1, 1.0], min_frac)).to_string(),
+    );
     add("--warmup", warmup.to_string());
     add("--weight-decay", pick(&["0", "0.1"], wd).into());
     add("--decay", pick(&["matrices", "all", "none"], decay).into());
     add("--clip", pick(&["0", "0.5", "1"], clip).into());
     add("--seed", seed.to_string());
     add("--eval-every", pick(&[0, 2], eval_every).to_string());
-    add("--checkpoint-every", pick(&[0, 1, 3], ckpt_every).to_string());
+    add(
+        "--checkpoint-every",
+        pick(&[0, 1, 3], ckpt_every).to_string(),
+    );
     add("--keep", pick(&[1, 2, 3], keep).to_string());
     Job {
         flags: f,
@@ -109,7 +135,15 @@ fn jobs() -> impl Strategy<Value = Job> {
         (0..3usize, 0..2usize, 0..2usize, 0..2usize, 0..2usize),
         (any::<bool>(), any::<bool>(), any::<bool>()),
         (1..5usize, 3..9u64, 0..8u64, 0..3usize, 0..3usize, 0..4u64),
-        (0..2usize, 0..3usize, 0..3usize, 0..1000u64, 0..2usize, 0..3usize, 0..3usize),
+        (
+            0..2usize,
+            0..3usize,
+            0..3usize,
+            0..1000u64,
+            0..2usize,
+            0..3usize,
+            0..3usize,
+        ),
     )
         .prop_map(|(a, b, c, d, e)| job(a, b, c, d, e))
 }
@@ -128,7 +162,7 @@ proptest! {
     fn interrupted_and_resumed_equals_straight(job in jobs()) {
         let dir = tempfile::tempdir().unwrap();
         if job.corpus {
-            let text: Vec<u8> = (0..2000u32).map(|i| b"the quick brown fox "[(i % 20) as usize]).collect();
+            let text: Vec<u8> = (0..2000usize).map(|i| b"the quick brown fox "[i % 20]).collect();
             std::fs::write(dir.path().join("corpus.txt"), text).unwrap();
         }
         run(dir.path(), &job, &["--run-dir", "straight"]);

@@ -11,8 +11,8 @@ use stepgraph::train::checkpoint::{self, TrainState};
 use stepgraph::train::data::{DataSpec, Task};
 use stepgraph::train::report::ProgressMode;
 use stepgraph::train::{
-    Decay, Device, EngineState, ModelSize, Precision, Resume, RunConfig, RunStatus, Setting,
-    Stop, TrainError, TrainOptions, train,
+    Decay, Device, EngineState, ModelSize, Precision, Resume, RunConfig, RunStatus, Setting, Stop,
+    TrainError, TrainOptions, train,
 };
 
 fn run_config(steps: u64) -> RunConfig {
@@ -278,7 +278,10 @@ fn a_tiny_run_learns() {
     // Parity answers start near ln(8) (uniform over the padded vocab) and
     // quickly fall toward ln(2) once the model predicts a bit.
     let (first, last) = (s.first_loss.unwrap(), s.last_loss.unwrap());
-    assert_eq!((first.first, first.last, last.first, last.last), (1, 30, 31, 60));
+    assert_eq!(
+        (first.first, first.last, last.first, last.last),
+        (1, 30, 31, 60)
+    );
     assert!(first.mean > 1.2, "{}", first.mean);
     assert!(last.mean < 0.8, "{} -> {}", first.mean, last.mean);
     assert_eq!(s.eval.len(), 2, "final eval of both lengths");

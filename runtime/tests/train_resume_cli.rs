@@ -16,13 +16,42 @@ use cli_common::{
 
 /// A run that differs from the defaults in every schedule and data setting.
 const JOB: &[&str] = &[
-    "--task", "modarith", "--train-len", "3", "--eval-lens", "3,5", "--lr", "0.01", "--min-lr",
-    "0.001", "--warmup", "3", "--seed", "3", "--clip", "0.5", "--decay", "all", "--weight-decay",
-    "0.05", "--eval-every", "4", "--steps", "12",
+    "--task",
+    "modarith",
+    "--train-len",
+    "3",
+    "--eval-lens",
+    "3,5",
+    "--lr",
+    "0.01",
+    "--min-lr",
+    "0.001",
+    "--warmup",
+    "3",
+    "--seed",
+    "3",
+    "--clip",
+    "0.5",
+    "--decay",
+    "all",
+    "--weight-decay",
+    "0.05",
+    "--eval-every",
+    "4",
+    "--steps",
+    "12",
 ];
 
 fn job(extra: &[&str], cwd: &Path) -> std::process::Output {
-    let mut args = vec!["train", "--device", "cpu", "--d-model", "8", "--d-state", "8"];
+    let mut args = vec![
+        "train",
+        "--device",
+        "cpu",
+        "--d-model",
+        "8",
+        "--d-state",
+        "8",
+    ];
     args.extend(["--headdim", "4", "--batch", "4", "--progress", "quiet"]);
     args.extend_from_slice(JOB);
     args.extend_from_slice(extra);
@@ -33,7 +62,10 @@ fn job(extra: &[&str], cwd: &Path) -> std::process::Output {
 fn problem_4_resume_alone_continues_the_saved_run_bit_identically() {
     let dir = tempfile::tempdir().unwrap();
     ok(&job(&["--run-dir", "whole"], dir.path()));
-    ok(&job(&["--run-dir", "split", "--stop-after", "5"], dir.path()));
+    ok(&job(
+        &["--run-dir", "split", "--stop-after", "5"],
+        dir.path(),
+    ));
     let out = stepgraph(&["train", "--resume", "split"], dir.path());
     let stdout = ok(&out);
     assert!(stdout.contains("resuming at 5"), "{stdout}");
@@ -65,8 +97,14 @@ fn problem_4_a_finished_run_says_so_and_changes_nothing() {
     assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), before);
     assert_eq!(ckpt_steps(&run), vec![3]);
     // Extending it is a logged change, and trains the new steps only.
-    let stdout = ok(&stepgraph(&["train", "--resume", "r", "--steps", "5"], dir.path()));
-    assert!(stdout.contains("resume: --steps 5 (was --steps 3)"), "{stdout}");
+    let stdout = ok(&stepgraph(
+        &["train", "--resume", "r", "--steps", "5"],
+        dir.path(),
+    ));
+    assert!(
+        stdout.contains("resume: --steps 5 (was --steps 3)"),
+        "{stdout}"
+    );
     assert_eq!(train_steps(&run), vec![1, 2, 3, 4, 5]);
     let resume = records(&run)
         .into_iter()
@@ -79,19 +117,35 @@ fn problem_4_a_finished_run_says_so_and_changes_nothing() {
 fn problem_4_a_changing_flag_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     ok(&job(&["--run-dir", "r", "--stop-after", "2"], dir.path()));
-    for (flag, value) in [("--lr", "0.1"), ("--seed", "4"), ("--task", "parity"), ("--batch", "8")]
-    {
+    for (flag, value) in [
+        ("--lr", "0.1"),
+        ("--seed", "4"),
+        ("--task", "parity"),
+        ("--batch", "8"),
+    ] {
         let out = stepgraph(&["train", "--resume", "r", flag, value], dir.path());
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{stderr}");
         assert!(
-            stderr.starts_with(&format!("error: {flag}: the run being resumed has `{flag} ")),
+            stderr.starts_with(&format!(
+                "error: {flag}: the run being resumed has `{flag} "
+            )),
             "{stderr}"
         );
     }
     // Typing the run's own values again is fine.
     ok(&stepgraph(
-        &["train", "--resume", "r", "--lr", "0.01", "--task", "modarith", "--progress", "quiet"],
+        &[
+            "train",
+            "--resume",
+            "r",
+            "--lr",
+            "0.01",
+            "--task",
+            "modarith",
+            "--progress",
+            "quiet",
+        ],
         dir.path(),
     ));
 }
@@ -99,11 +153,19 @@ fn problem_4_a_changing_flag_is_refused_naming_it() {
 #[test]
 fn problem_4_a_data_run_resumes_without_its_data_flags_and_refuses_other_data() {
     let dir = tempfile::tempdir().unwrap();
-    let text_bytes: Vec<u8> = (0..3000u32).map(|i| b"abcdefgh "[(i * 7 % 9) as usize]).collect();
+    let text_bytes: Vec<u8> = (0..3000usize).map(|i| b"abcdefgh "[i * 7 % 9]).collect();
     std::fs::write(dir.path().join("corpus.txt"), &text_bytes).unwrap();
     let data = ["--data", "corpus.txt", "--seq-len", "8", "--steps", "6"];
     let file_job = |extra: &[&str]| {
-        let mut args = vec!["train", "--device", "cpu", "--d-model", "8", "--d-state", "8"];
+        let mut args = vec![
+            "train",
+            "--device",
+            "cpu",
+            "--d-model",
+            "8",
+            "--d-state",
+            "8",
+        ];
         args.extend(["--headdim", "4", "--batch", "4", "--progress", "quiet"]);
         args.extend_from_slice(&data);
         args.extend_from_slice(extra);
@@ -112,15 +174,34 @@ fn problem_4_a_data_run_resumes_without_its_data_flags_and_refuses_other_data() 
     ok(&file_job(&["--run-dir", "whole"]));
     ok(&file_job(&["--run-dir", "split", "--stop-after", "2"]));
     ok(&stepgraph(&["train", "--resume", "split"], dir.path()));
-    assert_same_state(&ckpt(&dir.path().join("whole"), 6), &ckpt(&dir.path().join("split"), 6));
+    assert_same_state(
+        &ckpt(&dir.path().join("whole"), 6),
+        &ckpt(&dir.path().join("split"), 6),
+    );
 
     ok(&file_job(&["--run-dir", "moved", "--stop-after", "2"]));
-    std::fs::rename(dir.path().join("corpus.txt"), dir.path().join("elsewhere.txt")).unwrap();
+    std::fs::rename(
+        dir.path().join("corpus.txt"),
+        dir.path().join("elsewhere.txt"),
+    )
+    .unwrap();
     let out = stepgraph(&["train", "--resume", "moved"], dir.path());
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("give its new path with --data"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("give its new path with --data"),
+        "{}",
+        text(&out.stderr)
+    );
     let stdout = ok(&stepgraph(
-        &["train", "--resume", "moved", "--data", "elsewhere.txt", "--stop-after", "4"],
+        &[
+            "train",
+            "--resume",
+            "moved",
+            "--data",
+            "elsewhere.txt",
+            "--stop-after",
+            "4",
+        ],
         dir.path(),
     ));
     assert!(stdout.contains("resume: --data "), "{stdout}");
@@ -138,7 +219,16 @@ fn problem_4_a_data_run_resumes_without_its_data_flags_and_refuses_other_data() 
 fn problem_4_resuming_an_older_checkpoint_never_holds_a_step_twice() {
     let dir = tempfile::tempdir().unwrap();
     ok(&train(
-        &["--run-dir", "r", "--steps", "8", "--checkpoint-every", "4", "--eval-every", "2"],
+        &[
+            "--run-dir",
+            "r",
+            "--steps",
+            "8",
+            "--checkpoint-every",
+            "4",
+            "--eval-every",
+            "2",
+        ],
         dir.path(),
     ));
     let run = dir.path().join("r");
@@ -147,7 +237,10 @@ fn problem_4_resuming_an_older_checkpoint_never_holds_a_step_twice() {
         &["train", "--resume", older.to_str().unwrap()],
         dir.path(),
     ));
-    assert!(stdout.contains("moved step-00000008 (past step 4)"), "{stdout}");
+    assert!(
+        stdout.contains("moved step-00000008 (past step 4)"),
+        "{stdout}"
+    );
     assert_eq!(train_steps(&run), (1..=8).collect::<Vec<_>>());
     let evals: Vec<u64> = records(&run)
         .iter()
@@ -156,7 +249,11 @@ fn problem_4_resuming_an_older_checkpoint_never_holds_a_step_twice() {
         .collect();
     assert_eq!(evals, vec![2, 4, 6, 8]);
     // The abandoned continuation is kept, and equals the new one.
-    let abandoned = std::fs::read_dir(run.join("abandoned")).unwrap().next().unwrap().unwrap();
+    let abandoned = std::fs::read_dir(run.join("abandoned"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
     assert_same_state(&abandoned.path().join("step-00000008"), &ckpt(&run, 8));
 }
 
@@ -167,7 +264,10 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one() {
     let mut whole = vec!["--run-dir", "whole"];
     whole.extend(steps);
     ok(&train(&whole, dir.path()));
-    for (name, damage) in [("bitflip", "model.safetensors"), ("torn", "train_state.json")] {
+    for (name, damage) in [
+        ("bitflip", "model.safetensors"),
+        ("torn", "train_state.json"),
+    ] {
         let mut args = vec!["--run-dir", name, "--stop-after", "4"];
         args.extend(steps);
         ok(&train(&args, dir.path()));
@@ -197,11 +297,17 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one() {
         assert_eq!(train_steps(&run), (1..=6).collect::<Vec<_>>());
     }
     // Naming the damaged checkpoint itself is an error, not a silent fallback.
-    let out = stepgraph(&["train", "--resume", "whole/checkpoints/step-00000006"], dir.path());
+    let out = stepgraph(
+        &["train", "--resume", "whole/checkpoints/step-00000006"],
+        dir.path(),
+    );
     assert!(out.status.success(), "an intact one resumes (finished)");
     let file = ckpt(&dir.path().join("whole"), 6).join("optimizer.safetensors");
     std::fs::write(&file, b"not a safetensors file").unwrap();
-    let out = stepgraph(&["train", "--resume", "whole/checkpoints/step-00000006"], dir.path());
+    let out = stepgraph(
+        &["train", "--resume", "whole/checkpoints/step-00000006"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("optimizer.safetensors does not match its checksum"));
 }

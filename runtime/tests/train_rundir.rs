@@ -41,7 +41,10 @@ fn problem_1_a_reused_run_dir_is_refused_and_left_as_it_was() {
         "{stderr}"
     );
     assert_eq!(
-        (std::fs::read(run.join("metrics.jsonl")).unwrap(), ckpt_steps(&run)),
+        (
+            std::fs::read(run.join("metrics.jsonl")).unwrap(),
+            ckpt_steps(&run)
+        ),
         before,
         "the old run is untouched"
     );
@@ -57,18 +60,43 @@ fn problem_1_pruning_never_removes_a_newer_checkpoint() {
     // newer checkpoints move aside, never get pruned in favour of the old.
     let dir = tempfile::tempdir().unwrap();
     ok(&train(
-        &["--run-dir", "r", "--steps", "9", "--checkpoint-every", "3", "--keep", "3"],
+        &[
+            "--run-dir",
+            "r",
+            "--steps",
+            "9",
+            "--checkpoint-every",
+            "3",
+            "--keep",
+            "3",
+        ],
         dir.path(),
     ));
     let run = dir.path().join("r");
     let older = ckpt(&run, 3);
     let out = stepgraph(
-        &["train", "--resume", older.to_str().unwrap(), "--keep", "1", "--stop-after", "4"],
+        &[
+            "train",
+            "--resume",
+            older.to_str().unwrap(),
+            "--keep",
+            "1",
+            "--stop-after",
+            "4",
+        ],
         dir.path(),
     );
     ok(&out);
-    assert_eq!(ckpt_steps(&run), vec![4], "the new run's checkpoint is kept");
-    let abandoned = std::fs::read_dir(run.join("abandoned")).unwrap().next().unwrap().unwrap();
+    assert_eq!(
+        ckpt_steps(&run),
+        vec![4],
+        "the new run's checkpoint is kept"
+    );
+    let abandoned = std::fs::read_dir(run.join("abandoned"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
     assert_eq!(
         files(&abandoned.path()),
         vec!["metrics.jsonl", "step-00000006", "step-00000009"],
@@ -99,7 +127,11 @@ fn problem_2_runs_started_together_get_their_own_directories() {
     assert_eq!(runs.len(), 3, "{runs:?}");
     for name in runs {
         let run = dir.path().join("runs").join(&name);
-        assert_eq!(train_steps(&run), vec![1, 2, 3, 4], "{name}: one run's metrics");
+        assert_eq!(
+            train_steps(&run),
+            vec![1, 2, 3, 4],
+            "{name}: one run's metrics"
+        );
         assert_eq!(ckpt_steps(&run), vec![4], "{name}");
     }
 }
@@ -113,8 +145,19 @@ fn problem_3_init_never_mixes_old_and_new_files() {
     let before = files(&target);
     let init = |extra: &[&str]| {
         let mut args = vec![
-            "init", "--out", t, "--d-model", "16", "--n-layer", "1", "--vocab-size", "4",
-            "--d-state", "8", "--headdim", "8",
+            "init",
+            "--out",
+            t,
+            "--d-model",
+            "16",
+            "--n-layer",
+            "1",
+            "--vocab-size",
+            "4",
+            "--d-state",
+            "8",
+            "--headdim",
+            "8",
         ];
         args.extend_from_slice(extra);
         stepgraph(&args, dir.path())
@@ -122,7 +165,10 @@ fn problem_3_init_never_mixes_old_and_new_files() {
     let out = init(&[]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("is not empty (it holds config.json"), "{stderr}");
+    assert!(
+        stderr.contains("is not empty (it holds config.json"),
+        "{stderr}"
+    );
     assert!(stderr.contains("--force"), "{stderr}");
     assert_eq!(files(&target), before, "untouched");
 
@@ -133,12 +179,18 @@ fn problem_3_init_never_mixes_old_and_new_files() {
         "replaced whole: no optimizer or train state of the old run is left"
     );
     assert!(
-        files(&target.parent().unwrap()).iter().all(|n| !n.starts_with('.')),
+        files(target.parent().unwrap())
+            .iter()
+            .all(|n| !n.starts_with('.')),
         "no temporary directory is left"
     );
     // The fresh checkpoint is not mistaken for a training checkpoint.
     let out = stepgraph(&["train", "--resume", t], dir.path());
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("no checkpoint here"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no checkpoint here"),
+        "{}",
+        text(&out.stderr)
+    );
     assert!(records(&dir.path().join("r")).len() > 1);
 }

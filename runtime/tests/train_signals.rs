@@ -95,7 +95,10 @@ fn stopped_then_resumed(signals: &[Signal]) {
     let dir = tempfile::tempdir().unwrap();
     let mut whole = job("whole", STEPS);
     whole.extend(["--progress", "quiet"]);
-    ok(&stepgraph(&[&["train"], whole.as_slice()].concat(), dir.path()));
+    ok(&stepgraph(
+        &[&["train"], whole.as_slice()].concat(),
+        dir.path(),
+    ));
     let child = spawn(&job("r", STEPS), dir.path());
     let (out, stderr) = interrupt(
         child,
@@ -149,9 +152,28 @@ fn problem_5_a_second_sigint_exits_at_once_saying_what_was_saved() {
     // Steps of about two seconds in a debug build, so the second signal,
     // half a second after the first, lands inside step 2.
     let args = [
-        "--device", "cpu", "--d-model", "16", "--d-state", "8", "--headdim", "8", "--batch",
-        "64", "--train-len", "64", "--eval-lens", "4", "--eval-every", "0", "--steps", "5",
-        "--checkpoint-every", "1", "--run-dir", "r",
+        "--device",
+        "cpu",
+        "--d-model",
+        "16",
+        "--d-state",
+        "8",
+        "--headdim",
+        "8",
+        "--batch",
+        "64",
+        "--train-len",
+        "64",
+        "--eval-lens",
+        "4",
+        "--eval-every",
+        "0",
+        "--steps",
+        "5",
+        "--checkpoint-every",
+        "1",
+        "--run-dir",
+        "r",
     ];
     let child = spawn(&args, dir.path());
     let (out, stderr) = interrupt(
@@ -169,7 +191,11 @@ fn problem_5_a_second_sigint_exits_at_once_saying_what_was_saved() {
         ),
         "{stderr}"
     );
-    assert_eq!(ckpt_steps(&dir.path().join("r")), vec![1], "nothing after it");
+    assert_eq!(
+        ckpt_steps(&dir.path().join("r")),
+        vec![1],
+        "nothing after it"
+    );
 }
 
 #[test]

@@ -122,7 +122,11 @@ pub fn file_hash(path: &Path) -> Result<String, TrainError> {
 }
 
 /// The files a checksum covers.
-const CHECKED_FILES: [&str; 3] = [model_ckpt::CONFIG_FILE, model_ckpt::WEIGHTS_FILE, OPTIM_FILE];
+const CHECKED_FILES: [&str; 3] = [
+    model_ckpt::CONFIG_FILE,
+    model_ckpt::WEIGHTS_FILE,
+    OPTIM_FILE,
+];
 
 /// Writes one checkpoint atomically under `root` and prunes the checkpoints
 /// up to its step to the newest `keep` (at least 1). Returns its directory.

@@ -328,7 +328,13 @@ impl Setting {
     pub fn describe(self, cfg: &RunConfig) -> Option<String> {
         let flag = self.flag();
         let with = |v: String| Some(format!("{flag} {v}"));
-        let switch = |on: bool| Some(if on { flag.to_owned() } else { format!("no {flag}") });
+        let switch = |on: bool| {
+            Some(if on {
+                flag.to_owned()
+            } else {
+                format!("no {flag}")
+            })
+        };
         let m = &cfg.model;
         match (self, &cfg.data) {
             (Self::Task, DataSpec::Task { task, .. }) => with(task.name().into()),
@@ -349,11 +355,7 @@ impl Setting {
                 DataSpec::File { .. },
             )
             | (
-                Self::Data
-                | Self::DataFormat
-                | Self::VocabSize
-                | Self::EvalFraction
-                | Self::SeqLen,
+                Self::Data | Self::DataFormat | Self::VocabSize | Self::EvalFraction | Self::SeqLen,
                 DataSpec::Task { .. },
             ) => None,
             (Self::DModel, _) => with(m.d_model.to_string()),
@@ -474,7 +476,10 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
         }
     }
     if !(o.lr.is_finite() && o.lr > 0.0) {
-        return Err(invalid("--lr", format!("must be finite and > 0, got {}", o.lr)));
+        return Err(invalid(
+            "--lr",
+            format!("must be finite and > 0, got {}", o.lr),
+        ));
     }
     for (flag, v) in [("--min-lr", o.min_lr), ("--weight-decay", o.weight_decay)] {
         if !(v.is_finite() && v >= 0.0) {

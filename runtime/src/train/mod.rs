@@ -27,13 +27,13 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+pub use config::{Decay, Device, ModelSize, Precision, RunConfig, Setting};
 pub use cpu::CpuEngine;
 pub use engine::{
     EngineError, EngineInfo, EngineState, EvalOutput, Frozen, OptimSettings, StepMetrics,
     TrainEngine,
 };
 pub use gpu::{GpuBf16Engine, GpuEngine, GpuF32Engine, GraphStep};
-pub use config::{Decay, Device, ModelSize, Precision, RunConfig, Setting};
 pub use run::{Resume, RunStatus, RunSummary, TrainOptions, train};
 pub use schedule::LrSchedule;
 pub use stop::{SignalAction, Stop};

@@ -142,7 +142,11 @@ fn draw(svg: &mut String, loss: &[(String, Series)], acc: &[(String, Series)]) -
 
 /// One line per series, with a legend entry each.
 fn lines<'a, Y>(
-    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<plotters::coord::types::RangedCoordf64, Y>>,
+    chart: &mut ChartContext<
+        'a,
+        SVGBackend<'a>,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, Y>,
+    >,
     series: &[(String, Series)],
 ) -> DrawResult
 where
@@ -155,10 +159,15 @@ where
         let color = Palette99::pick(i).to_rgba();
         let width = if i == 0 && series.len() > 1 { 1 } else { 2 };
         chart
-            .draw_series(LineSeries::new(s.iter().copied(), color.stroke_width(width)))
+            .draw_series(LineSeries::new(
+                s.iter().copied(),
+                color.stroke_width(width),
+            ))
             .map_err(boxed)?
             .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()
@@ -224,7 +233,9 @@ mod tests {
         let mut text = String::new();
         for step in 1..=40u32 {
             let loss = 2.0 * 0.9f64.powi(i32::try_from(step).unwrap());
-            text.push_str(&format!("{{\"kind\":\"train\",\"step\":{step},\"loss\":{loss}}}\n"));
+            text.push_str(&format!(
+                "{{\"kind\":\"train\",\"step\":{step},\"loss\":{loss}}}\n"
+            ));
             if step % 10 == 0 {
                 text.push_str(&format!(
                     "{{\"kind\":\"eval\",\"step\":{step},\"set\":\"len 8\",\"loss\":{loss},\"accuracy\":0.75}}\n"
@@ -235,7 +246,13 @@ mod tests {
         let path = write_plot(dir.path()).unwrap();
         let svg = std::fs::read_to_string(path).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..80]);
-        for needle in ["loss (log scale)", "step", "eval len 8", "train", "<polyline"] {
+        for needle in [
+            "loss (log scale)",
+            "step",
+            "eval len 8",
+            "train",
+            "<polyline",
+        ] {
             assert!(svg.contains(needle), "`{needle}` missing");
         }
         assert!(svg.matches("<text").count() > 15, "tick labels");

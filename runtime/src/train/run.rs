@@ -330,21 +330,16 @@ fn already_finished(found: &Found, run: &RunConfig, dir: Option<&RunDir>) -> Run
     }
 }
 
-/// Builds the engine over fresh weights (frozen slices zeroed).
+/// Builds the engine over fresh weights (frozen slices zeroed); the GPU
+/// context moves from `start` into it.
 fn build_engine(
-    start: Start,
+    start: &mut Start,
     settings: OptimSettings,
     rows: usize,
     width: usize,
-) -> Result<(Box<dyn TrainEngine>, Option<String>, Start), TrainError> {
-    let Start {
-        run,
-        cfg,
-        resolved,
-        estimate,
-        resumed,
-    } = start;
-    let mut weights = Weights::<f32>::init(&cfg, run.seed)?;
+) -> Result<(Box<dyn TrainEngine>, Option<String>), TrainError> {
+    let (run, cfg) = (&start.run, &start.cfg);
+    let mut weights = Weights::<f32>::init(cfg, run.seed)?;
     let mut tensors = weights.tensors_mut();
     for f in &settings.frozen {
         if let Some(w) = tensors
@@ -354,28 +349,26 @@ fn build_engine(
             w.fill(0.0);
         }
     }
-    let (engine, notice): (Box<dyn TrainEngine>, Option<String>) = match resolved {
-        Resolved::Cpu(notice) => (
-            Box::new(CpuEngine::new(cfg.clone(), weights, settings)?),
-            notice,
-        ),
-        Resolved::Cuda(gpu) => {
-            let (gpu, c) = (*gpu, cfg.clone());
-            let engine: Box<dyn TrainEngine> = match run.precision {
-                Precision::F32 => Box::new(GpuF32Engine::new(gpu, c, &weights, &settings, rows, width)?),
-                Precision::Bf16 => Box::new(GpuBf16Engine::new(gpu, c, &weights, &settings, rows, width)?),
-            };
-            (engine, None)
-        }
-    };
-    let rest = Start {
-        run,
-        cfg,
-        resolved: Resolved::Cpu(None),
-        estimate,
-        resumed,
-    };
-    Ok((engine, notice, rest))
+    Ok(
+        match std::mem::replace(&mut start.resolved, Resolved::Cpu(None)) {
+            Resolved::Cpu(notice) => (
+                Box::new(CpuEngine::new(cfg.clone(), weights, settings)?),
+                notice,
+            ),
+            Resolved::Cuda(gpu) => {
+                let (gpu, c) = (*gpu, cfg.clone());
+                let engine: Box<dyn TrainEngine> = match run.precision {
+                    Precision::F32 => {
+                        Box::new(GpuF32Engine::new(gpu, c, &weights, &settings, rows, width)?)
+                    }
+                    Precision::Bf16 => Box::new(GpuBf16Engine::new(
+                        gpu, c, &weights, &settings, rows, width,
+                    )?),
+                };
+                (engine, None)
+            }
+        },
+    )
 }
 
 /// The start lines: engine, model, data; batch and schedule; memory.
@@ -425,7 +418,10 @@ fn start_lines(
         memory::gib(est.params),
         memory::gib(est.step),
         memory::gib(est.eval),
-        available.map_or_else(String::new, |a| format!(" of {} available on {place}", memory::gib(a)))
+        available.map_or_else(String::new, |a| format!(
+            " of {} available on {place}",
+            memory::gib(a)
+        ))
     ));
 }
 
@@ -524,15 +520,20 @@ fn run_in(
         Err(TrainError::DataRead { path, source }) if start.resumed.is_some() => {
             return Err(TrainError::DataChanged {
                 path,
-                reason: format!("cannot read it: {source}; if it moved, give its new path with --data"),
+                reason: format!(
+                    "cannot read it: {source}; if it moved, give its new path with --data"
+                ),
             });
         }
         other => other?,
     };
     if let Some((found, _)) = &start.resumed
         && found.train.data_fingerprint.as_ref() != data.fingerprint()
-        && let (Some(then), Some(now), DataSpec::File { path, .. }) =
-            (&found.train.data_fingerprint, data.fingerprint(), &start.run.data)
+        && let (Some(then), Some(now), DataSpec::File { path, .. }) = (
+            &found.train.data_fingerprint,
+            data.fingerprint(),
+            &start.run.data,
+        )
     {
         return Err(TrainError::DataChanged {
             path: path.clone(),
@@ -557,7 +558,8 @@ fn run_in(
         },
     };
     let (rows, width) = (start.run.batch, data.train_width());
-    let (mut engine, notice, start) = build_engine(start, settings, rows, width)?;
+    let mut start = start;
+    let (mut engine, notice) = build_engine(&mut start, settings, rows, width)?;
     let info = engine.info();
     let engine_name = format!("{} {}", info.name, info.precision);
     let run = &start.run;
@@ -701,7 +703,9 @@ fn run_in(
         log.train(&m, rate, elapsed)?;
         progress.step(&m, rate, eta);
         let at_end = step == run.steps;
-        if !stop.is_requested() && (at_end || (run.eval_every > 0 && step.is_multiple_of(run.eval_every))) {
+        if !stop.is_requested()
+            && (at_end || (run.eval_every > 0 && step.is_multiple_of(run.eval_every)))
+        {
             let mut results = Vec::new();
             for set in data.eval_sets() {
                 match evaluate(engine.as_mut(), set, budget, stop)? {
@@ -720,7 +724,10 @@ fn run_in(
             }
         }
         let stopping = stop.is_requested() || opts.stop_after.is_some_and(|s| step >= s);
-        if at_end || stopping || (run.checkpoint_every > 0 && step.is_multiple_of(run.checkpoint_every)) {
+        if at_end
+            || stopping
+            || (run.checkpoint_every > 0 && step.is_multiple_of(run.checkpoint_every))
+        {
             log.flush()?;
             last_ckpt = Some(save(engine.as_mut(), step, pos)?);
         }

@@ -125,7 +125,11 @@ impl RunDir {
     /// lines cut go along when a checkpoint was moved; otherwise they are
     /// steps the run will compute again). Returns one line per thing moved
     /// or cut, for the log.
-    pub fn rewind(&self, step: u64, extra: &[(PathBuf, String)]) -> Result<Vec<String>, TrainError> {
+    pub fn rewind(
+        &self,
+        step: u64,
+        extra: &[(PathBuf, String)],
+    ) -> Result<Vec<String>, TrainError> {
         let root = self.path.join(CHECKPOINTS_DIR);
         let mut moving: Vec<(PathBuf, Option<String>)> = checkpoint::list(&root)?
             .into_iter()
@@ -152,7 +156,11 @@ impl RunDir {
                 let to = dest.join(name);
                 fs::rename(dir, &to).map_err(TrainError::io(dir))?;
                 notes.push(match why {
-                    Some(why) => format!("moved unreadable {} ({why}) to {}", name.display(), to.display()),
+                    Some(why) => format!(
+                        "moved unreadable {} ({why}) to {}",
+                        name.display(),
+                        to.display()
+                    ),
                     None => format!(
                         "moved {} (past step {step}) to {}",
                         name.display(),
@@ -323,11 +331,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let claimed = RunDir::claim(dir.path()).unwrap();
         let err = RunDir::open(dir.path()).unwrap_err();
-        assert!(matches!(err, TrainError::RunInUse { pid: Some(_), .. }), "{err}");
+        assert!(
+            matches!(err, TrainError::RunInUse { pid: Some(_), .. }),
+            "{err}"
+        );
         drop(claimed);
         fs::write(dir.path().join(METRICS_FILE), "{}\n").unwrap();
         let err = RunDir::claim(dir.path()).unwrap_err();
-        assert!(matches!(err, TrainError::RunDirTaken { holds_run: true, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                TrainError::RunDirTaken {
+                    holds_run: true,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
@@ -342,6 +362,9 @@ mod tests {
         .unwrap();
         let (kept, cut) = split_metrics(&path, 2).unwrap();
         assert_eq!(kept.len(), 2);
-        assert_eq!(cut, vec!["{\"kind\":\"train\",\"step\":3}", "{\"kind\":\"tra"]);
+        assert_eq!(
+            cut,
+            vec!["{\"kind\":\"train\",\"step\":3}", "{\"kind\":\"tra"]
+        );
     }
 }

@@ -99,9 +99,6 @@ mod tests {
             stop.on_signal(t + Duration::from_millis(1)),
             SignalAction::Duplicate
         );
-        assert_eq!(
-            stop.on_signal(t + DUPLICATE_WINDOW),
-            SignalAction::ExitNow
-        );
+        assert_eq!(stop.on_signal(t + DUPLICATE_WINDOW), SignalAction::ExitNow);
     }
 }

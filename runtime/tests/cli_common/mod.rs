@@ -96,8 +96,18 @@ pub fn state_bytes(dir: &Path) -> (Vec<u8>, Vec<u8>) {
 pub fn assert_same_state(a: &Path, b: &Path) {
     let (ma, oa) = state_bytes(a);
     let (mb, ob) = state_bytes(b);
-    assert!(ma == mb, "model.safetensors differs: {} vs {}", a.display(), b.display());
-    assert!(oa == ob, "optimizer.safetensors differs: {} vs {}", a.display(), b.display());
+    assert!(
+        ma == mb,
+        "model.safetensors differs: {} vs {}",
+        a.display(),
+        b.display()
+    );
+    assert!(
+        oa == ob,
+        "optimizer.safetensors differs: {} vs {}",
+        a.display(),
+        b.display()
+    );
 }
 
 /// The metrics records of a run, without their timing fields.

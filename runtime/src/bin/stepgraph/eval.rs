@@ -218,7 +218,10 @@ fn run_cuda<W: StepWeights>(
 /// The token ids and their `[B, T+1]` shape, from `--tokens` or `--data`.
 fn token_values(args: &Args, vocab_size: usize) -> Result<(Vec<i64>, Vec<usize>), EvalError> {
     let Some(path) = &args.data else {
-        let path = args.tokens.as_deref().unwrap_or(Path::new("tokens.safetensors"));
+        let path = args
+            .tokens
+            .as_deref()
+            .unwrap_or(Path::new("tokens.safetensors"));
         return Ok(checkpoint::read_int_tensor(path, "tokens")?);
     };
     let (format, vocab) = match args.data_format {

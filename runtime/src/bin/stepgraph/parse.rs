@@ -21,7 +21,9 @@ pub fn at_least_one_u64(s: &str) -> Result<u64, String> {
 }
 
 fn float(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|e: std::num::ParseFloatError| e.to_string())?;
+    let v: f64 = s
+        .parse()
+        .map_err(|e: std::num::ParseFloatError| e.to_string())?;
     if v.is_finite() {
         Ok(v)
     } else {
@@ -72,7 +74,10 @@ mod tests {
         assert_eq!(positive("-1"), Err("must be > 0".into()));
         assert_eq!(non_negative("0"), Ok(0.0));
         assert_eq!(non_negative("-1e-9"), Err("must be >= 0".into()));
-        assert_eq!(open_fraction("1"), Err("must lie strictly between 0 and 1".into()));
+        assert_eq!(
+            open_fraction("1"),
+            Err("must lie strictly between 0 and 1".into())
+        );
         assert_eq!(open_fraction("0.1"), Ok(0.1));
     }
 }

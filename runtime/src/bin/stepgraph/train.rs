@@ -327,7 +327,9 @@ fn install_handler(stop: &Arc<Stop>) {
                 || "this run has no checkpoint yet".to_owned(),
                 |p| format!("the last checkpoint is {}", p.display()),
             );
-            eprintln!("\nsecond signal: exiting now; nothing was saved since the last checkpoint ({last})");
+            eprintln!(
+                "\nsecond signal: exiting now; nothing was saved since the last checkpoint ({last})"
+            );
             std::process::exit(130);
         }
     });
