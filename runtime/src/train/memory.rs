@@ -266,8 +266,11 @@ mod tests {
         cfg.validate().unwrap();
         let e = estimate(&cfg, Holder::Cpu, usize::MAX, usize::MAX, &[usize::MAX]);
         assert_eq!(e.total(), u128::MAX, "saturates");
+        assert!(check(&e, Some(1 << 34), "the host").is_err());
+        // A model too big for the machine is blamed on the model flags.
+        let e = estimate(&cfg, Holder::Cpu, 64, 17, &[18]);
         let err = check(&e, Some(1 << 34), "the host").unwrap_err();
-        assert!(err.to_string().contains("--d-model"), "{err}");
+        assert!(err.to_string().contains("lower --d-model"), "{err}");
     }
 
     #[test]
