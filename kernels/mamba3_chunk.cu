@@ -200,6 +200,24 @@ __device__ __forceinline__ void m3c_side_load(M3cSide& o, const float* __restric
     }
 }
 
+// m3c_side_load from a bf16 matrix (pairs of columns as one u32).
+__device__ __forceinline__ void m3c_side_load_bf16(M3cSide& o, const m3c_bf* __restrict__ x, unsigned long long ld,
+                                                   unsigned m0, unsigned n0, unsigned ncols, unsigned L) {
+#pragma unroll
+    for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const unsigned row = m3c_row(m0, 2 * hr);
+            unsigned w = 0u;
+            if (8u * j < ncols && row < L) {
+                w = *reinterpret_cast<const unsigned*>(x + row * ld + m3c_col(n0, j, 2 * hr));
+            }
+            o.v[j][2 * hr] = __uint_as_float(w << 16);
+            o.v[j][2 * hr + 1] = __uint_as_float(w & 0xffff0000u);
+        }
+    }
+}
+
 // Row dots of a job's tile with a loaded side matrix, summed over the
 // quad in a fixed order; lanes with t == 0 store rows m0 + g and
 // m0 + g + 8 into part[row].
@@ -327,6 +345,58 @@ __device__ __noinline__ void m3c_stage(const float* __restrict__ src, unsigned l
     }
 }
 
+// Stages rows [0, C) x columns [0, width) of a bf16 matrix (row r at
+// src[(row0 + r) * stride + off], the rotated q/k the mixed step stores in
+// bf16) into a tile of row stride width + M3C_PAD; rows past L are zero.
+// Unscaled rows are copied bit for bit (16-byte accesses when aligned);
+// with `scale`, each value is widened, multiplied in f32 and rounded again.
+__device__ __noinline__ void m3c_stage_bf16(const m3c_bf* __restrict__ src, unsigned long long row0,
+                                            unsigned long long stride, unsigned long long off, unsigned width,
+                                            unsigned L, unsigned C, const float* scale, m3c_bf* dst) {
+    const unsigned ws = width + M3C_PAD;
+    const m3c_bf* base = src + row0 * stride + off;
+    const bool vec = ((stride | off) & 7) == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0;
+    // Items of 8 elements (one uint4) when aligned, else 2 (one u32).
+    const unsigned per = vec ? 8 : 2, q = width / per, total = C * q;
+    for (unsigned i0 = threadIdx.x; i0 < total; i0 += M3C_STAGE_UNROLL * blockDim.x) {
+        uint4 v[M3C_STAGE_UNROLL];
+#pragma unroll
+        for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
+            const unsigned i = i0 + j * blockDim.x, r = i / q;
+            const m3c_bf* p = base + r * stride + (i % q) * per;
+            v[j] = make_uint4(0u, 0u, 0u, 0u);
+            if (i < total && r < L) {
+                if (vec) {
+                    v[j] = *reinterpret_cast<const uint4*>(p);
+                } else {
+                    v[j].x = *reinterpret_cast<const unsigned*>(p);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < M3C_STAGE_UNROLL; ++j) {
+            const unsigned i = i0 + j * blockDim.x, r = i / q;
+            if (i >= total) {
+                continue;
+            }
+            unsigned w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+            if (scale != nullptr) {
+                const float s = scale[r];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    w[e] = m3c_pack(s * __uint_as_float(w[e] << 16), s * __uint_as_float(w[e] & 0xffff0000u));
+                }
+            }
+            m3c_bf* d = dst + r * ws + (i % q) * per;
+            if (vec) {
+                *reinterpret_cast<uint4*>(d) = make_uint4(w[0], w[1], w[2], w[3]);
+            } else {
+                *reinterpret_cast<unsigned*>(d) = w[0];
+            }
+        }
+    }
+}
+
 // Stores a job's tile as bf16 into a tile of row stride ld.
 __device__ __forceinline__ void m3c_store_bf(const M3cAcc& c, m3c_bf* t, unsigned ld, unsigned m0, unsigned n0,
                                              unsigned ncols) {
@@ -381,8 +451,8 @@ __device__ __forceinline__ M3cBlock m3c_block(const M3Dims& d) {
 //   mode 0 (forward):  sum_s e^{cs_last - cs_s} scale_s v_s k_s^T
 //   mode 1 (backward): sum_t e^{cs_t} dy_t q_t^T
 // x is proj (its x columns) or dy; yv is k or q [rows, H, N].
-extern "C" __global__ void __launch_bounds__(M3C_THREADS)
-    m3c_chunk_state(const float* __restrict__ x, unsigned x_stride, unsigned x_off, const float* __restrict__ yv,
+extern "C" __global__ void __launch_bounds__(M3C_THREADS, 4)
+    m3c_chunk_state(const float* __restrict__ x, unsigned x_stride, unsigned x_off, const m3c_bf* __restrict__ yv,
                     const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                     float* __restrict__ out, M3Dims d, unsigned mode) {
     extern __shared__ __align__(16) unsigned char m3c_sm[];
@@ -412,7 +482,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     }
     __syncthreads();
     m3c_stage(x, k.row0, x_stride, (unsigned long long)x_off + k.h * P, P, k.L, C, w, X);
-    m3c_stage(yv, k.row0, (unsigned long long)d.nheads * N, (unsigned long long)k.h * N, N, k.L, C, nullptr, Y);
+    m3c_stage_bf16(yv, k.row0, (unsigned long long)d.nheads * N, (unsigned long long)k.h * N, N, k.L, C, nullptr, Y);
     __syncthreads();
     float* o = out + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N;
     const unsigned tn = (N + M3C_JOB_COLS - 1) / M3C_JOB_COLS, jobs = (P / 16) * tn;
@@ -480,8 +550,8 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
 // Every chunk's outputs, given the state entering it:
 //   y_t = e^{cs_t} S_c q_t + sum_{s<t} e^{cs_t - cs_s} (q_t . k~_s) v_s + dg_t v_t
 // with the diagonal dg_t v_t added in f32 after the products.
-extern "C" __global__ void __launch_bounds__(M3C_THREADS)
-    m3c_scan_out(const float* __restrict__ q, const float* __restrict__ kin, const float* __restrict__ proj,
+extern "C" __global__ void __launch_bounds__(M3C_THREADS, 3)
+    m3c_scan_out(const m3c_bf* __restrict__ q, const m3c_bf* __restrict__ kin, const float* __restrict__ proj,
                  const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                  const float* __restrict__ qk_raw, const float* __restrict__ dskip,
                  const float* __restrict__ states, float* __restrict__ y, M3Dims d) {
@@ -519,8 +589,8 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     }
     __syncthreads();
     const unsigned long long hn = (unsigned long long)d.nheads * N;
-    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
-    m3c_stage(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
+    m3c_stage_bf16(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
+    m3c_stage_bf16(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
     m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
     m3c_stage(states + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N, 0, N, 0, N, P, P, nullptr, S);
     __syncthreads();
@@ -578,8 +648,8 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
 // G = dL/d(state leaving it) (`gstates`, from m3c_state_pass dir 1). Writes
 // the same outputs as m3_scan_bwd_f32 except the D gradient, whose partial
 // sums land per chunk: dskip_part[(b nchunks + c) H + h].
-extern "C" __global__ void __launch_bounds__(M3C_THREADS)
-    m3c_scan_bwd(const float* __restrict__ q, const float* __restrict__ kin, const float* __restrict__ proj,
+extern "C" __global__ void __launch_bounds__(M3C_THREADS, 2)
+    m3c_scan_bwd(const m3c_bf* __restrict__ q, const m3c_bf* __restrict__ kin, const float* __restrict__ proj,
                  const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                  const float* __restrict__ qk_raw, const float* __restrict__ dskip,
                  const float* __restrict__ states, const float* __restrict__ gstates, const float* __restrict__ dy,
@@ -638,8 +708,8 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
     const float* vf = proj + row0 * d.width + d.off_x + h * P;  // v rows, f32
     const float* dyf = dy + row0 * d.d_inner + h * P;           // dy rows, f32
     const unsigned long long st_off = ((unsigned long long)k.bh * d.nchunks + k.c) * P * N;
-    m3c_stage(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
-    m3c_stage(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
+    m3c_stage_bf16(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
+    m3c_stage_bf16(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
     m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
     m3c_stage(dy, row0, d.d_inner, (unsigned long long)h * P, P, L, C, nullptr, DY);
     m3c_stage(states + st_off, 0, N, 0, N, P, P, nullptr, X);
@@ -724,7 +794,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         const unsigned rb = job / TN, nb = job % TN, m0 = rb * 16, n0 = nb * M3C_JOB_COLS;
         const unsigned ncols = min(M3C_JOB_COLS, N - n0);
         M3cSide qv;
-        m3c_side_load(qv, q + row0 * hn + h * N, hn, m0, n0, ncols, L);
+        m3c_side_load_bf16(qv, q + row0 * hn + h * N, hn, m0, n0, ncols, L);
         M3cAcc acc;
         m3c_zero(acc);
         m3c_gemm<false, false>(acc, DY, PS, X, NS, m0, n0, 0, P, ncols);
@@ -780,7 +850,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS)
         if (job < jobs_k) {
             const unsigned rb = job / TN, nb = job % TN, m0 = rb * 16, n0 = nb * M3C_JOB_COLS;
             const unsigned ncols = min(M3C_JOB_COLS, N - n0);
-            m3c_side_load(side, kin + row0 * hn + h * N, hn, m0, n0, ncols, L);
+            m3c_side_load_bf16(side, kin + row0 * hn + h * N, hn, m0, n0, ncols, L);
             m3c_gemm<false, false>(acc, V, PS, X, NS, m0, n0, 0, P, ncols);
             m3c_scale_rows(acc, dl, m0);
             m3c_gemm<true, false>(acc, DV, CS, Q, NS, m0, n0, m0, C, ncols);

@@ -10,6 +10,7 @@
 // arithmetic in float; each .cu file instantiates them for float under
 // `extern "C"` names ending in _f32, and the bf16 step adds its own names.
 #pragma once
+#include <cuda_bf16.h>
 #include "common.cuh"
 
 #define M3_PI 3.14159265358979323846f
@@ -130,6 +131,9 @@ __device__ __forceinline__ float2 m3_load_pair(const float* p) {
 }
 __device__ __forceinline__ void m3_store_pair(float* p, float a, float b) {
     *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+__device__ __forceinline__ void m3_store_pair(__nv_bfloat16* p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
 // Rotates the interleaved pair (a, b) by +phi, given sin and cos of phi.

@@ -167,12 +167,13 @@ extern "C" __global__ void __launch_bounds__(M3_ANGLE_THREADS)
 
 // One warp per (row, head), one lane per interleaved pair: the biased,
 // normalised key/query of the head's group, their unrotated dot product, and
-// the rotation of the first S pairs by +phi.
-template <typename T>
+// the rotation of the first S pairs by +phi, stored as Q (f32, or bf16 in
+// the mixed step: the scan rounds them to bf16 for its products anyway).
+template <typename T, typename Q>
 __device__ void qk_fwd(const T* __restrict__ proj, const float* __restrict__ rstd_b, const float* __restrict__ rstd_c,
                        const float* __restrict__ b_norm, const float* __restrict__ c_norm,
                        const float* __restrict__ b_bias, const float* __restrict__ c_bias,
-                       const float* __restrict__ phi, T* __restrict__ q, T* __restrict__ k,
+                       const float* __restrict__ phi, Q* __restrict__ q, Q* __restrict__ k,
                        float* __restrict__ qk_raw, M3Dims d) {
     const unsigned lane = threadIdx.x % 32;
     const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
@@ -216,7 +217,16 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
                   const float* __restrict__ b_bias, const float* __restrict__ c_bias,
                   const float* __restrict__ phi, float* __restrict__ q, float* __restrict__ k,
                   float* __restrict__ qk_raw, M3Dims d) {
-    qk_fwd<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
+    qk_fwd<float, float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_qk_fwd_bf16qk(const float* __restrict__ proj, const float* __restrict__ rstd_b, const float* __restrict__ rstd_c,
+                     const float* __restrict__ b_norm, const float* __restrict__ c_norm,
+                     const float* __restrict__ b_bias, const float* __restrict__ c_bias,
+                     const float* __restrict__ phi, __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k,
+                     float* __restrict__ qk_raw, M3Dims d) {
+    qk_fwd<float, __nv_bfloat16>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
 }
 
 // One warp per (row, head): o = y' * silu(z), y' = y, or with the output norm

@@ -14,6 +14,7 @@
 // Shared memory is dynamic (sized by the wrapper from P, N and C); rows of
 // N-wide tiles are padded to N + 1 floats so column walks avoid bank conflicts.
 // All sums run in a fixed order: results are bit-identical run to run.
+#include <cuda_bf16.h>
 #include "mamba3_common.cuh"
 
 // Threads per scan block. One block per (batch row, head) fills one SM (the
@@ -56,8 +57,8 @@ __device__ __forceinline__ float m3_scale(const float* dt, const float* lam, uns
     return s;
 }
 
-template <typename T>
-__device__ void scan_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ proj,
+template <typename T, typename TQK>
+__device__ void scan_fwd(const TQK* __restrict__ q, const TQK* __restrict__ k, const T* __restrict__ proj,
                          const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                          const float* __restrict__ qk_raw, const float* __restrict__ dskip, T* __restrict__ y,
                          float* __restrict__ states, M3Dims d) {
@@ -160,7 +161,17 @@ extern "C" __global__ void __launch_bounds__(M3_SCAN_THREADS)
                     const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                     const float* __restrict__ qk_raw, const float* __restrict__ dskip, float* __restrict__ y,
                     float* __restrict__ states, M3Dims d) {
-    scan_fwd<float>(q, k, proj, dt, adt, lam, qk_raw, dskip, y, states, d);
+    scan_fwd<float, float>(q, k, proj, dt, adt, lam, qk_raw, dskip, y, states, d);
+}
+
+// The mixed step's scalar scan (shapes the chunk scan does not take): its
+// rotated q/k are stored in bf16, everything else is f32.
+extern "C" __global__ void __launch_bounds__(M3_SCAN_THREADS)
+    m3_scan_fwd_bf16qk(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                       const float* __restrict__ proj, const float* __restrict__ dt, const float* __restrict__ adt,
+                       const float* __restrict__ lam, const float* __restrict__ qk_raw,
+                       const float* __restrict__ dskip, float* __restrict__ y, float* __restrict__ states, M3Dims d) {
+    scan_fwd<float, __nv_bfloat16>(q, k, proj, dt, adt, lam, qk_raw, dskip, y, states, d);
 }
 
 // Backward of the chunked scan. Outputs, per (row, head): dq and dk (with
@@ -168,8 +179,8 @@ extern "C" __global__ void __launch_bounds__(M3_SCAN_THREADS)
 // columns of dproj; dadt, dscale (dL/d scale_t) and dqkdot (dL/d dg_t, which
 // is also the D gradient's summand) [rows, H]; and dskip_part[b * H + h] =
 // dL/dD summed over the row's window.
-template <typename T>
-__device__ void scan_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ proj,
+template <typename T, typename TQK>
+__device__ void scan_bwd(const TQK* __restrict__ q, const TQK* __restrict__ k, const T* __restrict__ proj,
                          const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                          const float* __restrict__ qk_raw, const float* __restrict__ dskip,
                          const float* __restrict__ states, const T* __restrict__ dy, float* __restrict__ dq,
@@ -394,6 +405,18 @@ extern "C" __global__ void __launch_bounds__(M3_SCAN_THREADS)
                     float* __restrict__ dk, float* __restrict__ dproj, float* __restrict__ dadt,
                     float* __restrict__ dscale, float* __restrict__ dqkdot, float* __restrict__ dskip_part,
                     M3Dims d) {
-    scan_bwd<float>(q, k, proj, dt, adt, lam, qk_raw, dskip, states, dy, dq, dk, dproj, dadt, dscale, dqkdot,
-                    dskip_part, d);
+    scan_bwd<float, float>(q, k, proj, dt, adt, lam, qk_raw, dskip, states, dy, dq, dk, dproj, dadt, dscale, dqkdot,
+                           dskip_part, d);
+}
+
+extern "C" __global__ void __launch_bounds__(M3_SCAN_THREADS)
+    m3_scan_bwd_bf16qk(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                       const float* __restrict__ proj, const float* __restrict__ dt, const float* __restrict__ adt,
+                       const float* __restrict__ lam, const float* __restrict__ qk_raw,
+                       const float* __restrict__ dskip, const float* __restrict__ states,
+                       const float* __restrict__ dy, float* __restrict__ dq, float* __restrict__ dk,
+                       float* __restrict__ dproj, float* __restrict__ dadt, float* __restrict__ dscale,
+                       float* __restrict__ dqkdot, float* __restrict__ dskip_part, M3Dims d) {
+    scan_bwd<float, __nv_bfloat16>(q, k, proj, dt, adt, lam, qk_raw, dskip, states, dy, dq, dk, dproj, dadt, dscale,
+                                   dqkdot, dskip_part, d);
 }

@@ -16,7 +16,9 @@ mod gpu_common;
 
 use gpu_common::oracle::random_f32_step;
 use gpu_common::{gpu, random};
+use half::bf16;
 use stepgraph::device::{DeviceBuffer, Gpu};
+use stepgraph::kernels::f32_to_bf16;
 use stepgraph::kernels::mamba3::{self as k, Mamba3Shape};
 use stepgraph::kernels::mamba3_bwd::{self as kb, ScanGrads};
 use stepgraph::kernels::mamba3_chunk as kc;
@@ -86,12 +88,20 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
     let sh = s.acts.shape;
     let (lw, la) = (&s.weights.layers[0], &s.acts.layers[0]);
     let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
+    // The chunk scan reads q/k in bf16 (the mixed step stores them so);
+    // the scalar reference reads the f32 ones.
+    let bf = |x: &DeviceBuffer<f32>| {
+        let mut y = gpu.alloc::<bf16>(x.len()).expect("bf16 q/k");
+        f32_to_bf16(gpu, x, &mut y).expect("round q/k");
+        y
+    };
+    let (q16, k16) = (bf(&s.acts.q), bf(&s.acts.k));
     if chunked {
         kc::scan_fwd(
             gpu,
             &sh,
-            &s.acts.q,
-            &s.acts.k,
+            &q16,
+            &k16,
             &la.proj,
             scalars,
             &lw.d,
@@ -127,8 +137,8 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
         kc::scan_bwd(
             gpu,
             &sh,
-            &s.acts.q,
-            &s.acts.k,
+            &q16,
+            &k16,
             &la.proj,
             scalars,
             &lw.d,

@@ -396,14 +396,16 @@ impl QkSources<'_> {
     }
 }
 
-/// Rotated keys `k` and queries `q` `[rows, H, N]` and their unrotated dot
-/// products `qk_raw` `[rows, H]` (the scalar scan reads q and k).
-pub fn qk_fwd(
+/// Rotated keys `k` and queries `q` `[rows, H, N]`, stored as `Q` (the
+/// step's compute type: the mixed step keeps them in bf16, which is what
+/// the scans round them to for their products), and their unrotated dot
+/// products `qk_raw` `[rows, H]`.
+pub fn qk_fwd<Q: Compute>(
     gpu: &Gpu,
     sh: &Mamba3Shape,
     src: &QkSources<'_>,
-    q: &mut DeviceBuffer<f32>,
-    k: &mut DeviceBuffer<f32>,
+    q: &mut DeviceBuffer<Q>,
+    k: &mut DeviceBuffer<Q>,
     qk_raw: &mut DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
     let d = sh.dims()?;
@@ -413,7 +415,7 @@ pub fn qk_fwd(
     need(gpu, "qk: q", q, sh.per_row(sh.nheads * sh.d_state)?)?;
     need(gpu, "qk: k", k, sh.per_row(sh.nheads * sh.d_state)?)?;
     need(gpu, "qk: qk_raw", qk_raw, sh.per_row(sh.nheads)?)?;
-    let f = gpu.kernel("m3_qk_fwd_f32")?;
+    let f = gpu.kernel(Q::QK_FWD)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(src.proj.slice()?).arg(rb.slice()?).arg(rc.slice()?);
     b.arg(bn.slice()?)
@@ -428,7 +430,7 @@ pub fn qk_fwd(
     // SAFETY: one warp per (row, head) reads proj's B/C columns, the norm
     // weights [N], biases [H x N], phi [rows x H x S] and writes q/k
     // [rows x H x N] and qk_raw [rows x H]; all lengths checked.
-    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_qk_fwd_f32")?;
+    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_qk_fwd")?;
     Ok(())
 }
 
@@ -436,15 +438,17 @@ pub fn qk_fwd(
 pub type ScanScalars<'a> = [&'a DeviceBuffer<f32>; 4];
 
 /// Checks the inputs every scan kernel (scalar or chunked, forward or
-/// backward) reads: `qkp` = `[q, k, proj]`, the per-head scalars and `D`.
-pub(crate) fn check_scan_inputs(
+/// backward) reads: q and k (in the step's q/k type), `proj`, the per-head
+/// scalars and `D`.
+pub(crate) fn check_scan_inputs<Q: Element>(
     gpu: &Gpu,
     sh: &Mamba3Shape,
-    qkp: [&DeviceBuffer<f32>; 3],
+    qk: [&DeviceBuffer<Q>; 2],
+    proj: &DeviceBuffer<f32>,
     scalars: ScanScalars<'_>,
     dskip: &DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
-    let [q, k, proj] = qkp;
+    let [q, k] = qk;
     let hn = sh.per_row(sh.nheads * sh.d_state)?;
     need(gpu, "scan: q", q, hn)?;
     need(gpu, "scan: k", k, hn)?;
@@ -501,6 +505,8 @@ pub fn scan_prepare(gpu: &Gpu, sh: &Mamba3Shape) -> Result<(), GpuError> {
     for (name, smem) in [
         ("m3_scan_fwd_f32", scan_fwd_smem(sh)),
         ("m3_scan_bwd_f32", scan_bwd_smem(sh)),
+        ("m3_scan_fwd_bf16qk", scan_fwd_smem(sh)),
+        ("m3_scan_bwd_bf16qk", scan_bwd_smem(sh)),
     ] {
         let bytes = check_smem(smem)?;
         let opt_in = i32::try_from(bytes).map_err(|_| GpuError::SizeOverflow {
@@ -552,11 +558,11 @@ pub(crate) fn scan_launch(
 /// The chunked scan forward: `y` `[rows, d_inner]` and the state entering
 /// every chunk, `states` `[B, H, nchunks, P, N]`.
 #[allow(clippy::too_many_arguments)]
-pub fn scan_fwd(
+pub fn scan_fwd<Q: Compute>(
     gpu: &Gpu,
     sh: &Mamba3Shape,
-    q: &DeviceBuffer<f32>,
-    k: &DeviceBuffer<f32>,
+    q: &DeviceBuffer<Q>,
+    k: &DeviceBuffer<Q>,
     proj: &DeviceBuffer<f32>,
     scalars: ScanScalars<'_>,
     dskip: &DeviceBuffer<f32>,
@@ -565,7 +571,7 @@ pub fn scan_fwd(
 ) -> Result<(), GpuError> {
     let d = sh.dims()?;
     let [dt, adt, lam, qk_raw] = scalars;
-    check_scan_inputs(gpu, sh, [q, k, proj], scalars, dskip)?;
+    check_scan_inputs(gpu, sh, [q, k], proj, scalars, dskip)?;
     need(gpu, "scan: y", y, sh.per_row(sh.d_inner)?)?;
     need(
         gpu,
@@ -574,7 +580,7 @@ pub fn scan_fwd(
         sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state,
     )?;
     let cfg = scan_launch(gpu, sh, scan_fwd_smem(sh))?;
-    let f = gpu.kernel("m3_scan_fwd_f32")?;
+    let f = gpu.kernel(Q::SCAN_FWD)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
     b.arg(dt.slice()?)
@@ -587,7 +593,7 @@ pub fn scan_fwd(
     // columns, the [rows x H] scalars and D[h], and writes its y columns and
     // its B x H x nchunks x P x N slice of `states`; all lengths checked, and
     // the dynamic shared memory is the size the kernel's layout needs.
-    unsafe { b.launch(cfg) }.during("launch m3_scan_fwd_f32")?;
+    unsafe { b.launch(cfg) }.during("launch m3_scan_fwd")?;
     Ok(())
 }
 

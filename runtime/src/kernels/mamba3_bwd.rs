@@ -11,6 +11,7 @@ use super::mamba3::{
     BcParams, Mamba3Shape, ScanScalars, angle_blocks, check_scan_inputs, need, row_blocks,
     scan_bwd_smem, scan_launch, thread_blocks, warp_blocks,
 };
+use super::precision::Compute;
 use crate::device::error::During as _;
 use crate::device::{DeviceBuffer, Gpu, GpuError, to_u32};
 
@@ -187,11 +188,11 @@ impl ScanGrads<'_> {
 
 /// The chunked scan backward (reverse walk over chunks).
 #[allow(clippy::too_many_arguments)]
-pub fn scan_bwd(
+pub fn scan_bwd<Q: Compute>(
     gpu: &Gpu,
     sh: &Mamba3Shape,
-    q: &DeviceBuffer<f32>,
-    k: &DeviceBuffer<f32>,
+    q: &DeviceBuffer<Q>,
+    k: &DeviceBuffer<Q>,
     proj: &DeviceBuffer<f32>,
     scalars: ScanScalars<'_>,
     dskip: &DeviceBuffer<f32>,
@@ -201,7 +202,7 @@ pub fn scan_bwd(
 ) -> Result<(), GpuError> {
     let d = sh.dims()?;
     let [dt, adt, lam, qk_raw] = scalars;
-    check_scan_inputs(gpu, sh, [q, k, proj], scalars, dskip)?;
+    check_scan_inputs(gpu, sh, [q, k], proj, scalars, dskip)?;
     need(
         gpu,
         "scan_bwd: states",
@@ -211,7 +212,7 @@ pub fn scan_bwd(
     need(gpu, "scan_bwd: dy", dy, sh.per_row(sh.d_inner)?)?;
     out.check(gpu, sh, sh.batch * sh.nheads)?;
     let cfg = scan_launch(gpu, sh, scan_bwd_smem(sh))?;
-    let f = gpu.kernel("m3_scan_bwd_f32")?;
+    let f = gpu.kernel(Q::SCAN_BWD)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
     b.arg(dt.slice()?)
@@ -230,7 +231,7 @@ pub fn scan_bwd(
     // SAFETY: block (b, h) reads and writes only its own rows/columns of
     // buffers whose lengths were all checked against the shape; shared
     // memory is sized by `scan_bwd_smem` for this shape.
-    unsafe { b.launch(cfg) }.during("launch m3_scan_bwd_f32")?;
+    unsafe { b.launch(cfg) }.during("launch m3_scan_bwd")?;
     Ok(())
 }
 

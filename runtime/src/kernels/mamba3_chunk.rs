@@ -19,6 +19,8 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg as _};
 
+use half::bf16;
+
 use super::mamba3::{MAX_SCAN_SMEM, Mamba3Shape, ScanScalars, check_scan_inputs, need};
 use super::mamba3_bwd::ScanGrads;
 use crate::device::error::During as _;
@@ -181,7 +183,7 @@ fn states_and_walk(
     gpu: &Gpu,
     sh: &Mamba3Shape,
     x: (&DeviceBuffer<f32>, usize, usize),
-    y: &DeviceBuffer<f32>,
+    y: &DeviceBuffer<bf16>,
     scalars: ScanScalars<'_>,
     out: &mut DeviceBuffer<f32>,
     dir: u32,
@@ -223,15 +225,15 @@ fn states_and_walk(
 pub fn scan_fwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
-    q: &DeviceBuffer<f32>,
-    k: &DeviceBuffer<f32>,
+    q: &DeviceBuffer<bf16>,
+    k: &DeviceBuffer<bf16>,
     proj: &DeviceBuffer<f32>,
     scalars: ScanScalars<'_>,
     dskip: &DeviceBuffer<f32>,
     y: &mut DeviceBuffer<f32>,
     states: &mut DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
-    check_scan_inputs(gpu, sh, [q, k, proj], scalars, dskip)?;
+    check_scan_inputs(gpu, sh, [q, k], proj, scalars, dskip)?;
     need(gpu, "chunk scan: y", y, sh.per_row(sh.d_inner)?)?;
     need(gpu, "chunk scan: states", states, state_elems(sh))?;
     states_and_walk(
@@ -271,8 +273,8 @@ pub fn scan_fwd(
 pub fn scan_bwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
-    q: &DeviceBuffer<f32>,
-    k: &DeviceBuffer<f32>,
+    q: &DeviceBuffer<bf16>,
+    k: &DeviceBuffer<bf16>,
     proj: &DeviceBuffer<f32>,
     scalars: ScanScalars<'_>,
     dskip: &DeviceBuffer<f32>,
@@ -281,7 +283,7 @@ pub fn scan_bwd(
     dy: &DeviceBuffer<f32>,
     out: ScanGrads<'_>,
 ) -> Result<(), GpuError> {
-    check_scan_inputs(gpu, sh, [q, k, proj], scalars, dskip)?;
+    check_scan_inputs(gpu, sh, [q, k], proj, scalars, dskip)?;
     need(gpu, "chunk scan bwd: states", states, state_elems(sh))?;
     need(gpu, "chunk scan bwd: gstates", gstates, state_elems(sh))?;
     need(gpu, "chunk scan bwd: dy", dy, sh.per_row(sh.d_inner)?)?;

@@ -100,6 +100,7 @@ pub const MODULES: &[Module] = &[
             "m3_prep_f32",
             "m3_angle_fwd_f32",
             "m3_qk_fwd_f32",
+            "m3_qk_fwd_bf16qk",
             "m3_gate_fwd_f32",
             "m3_rmsnorm_fwd_bf16",
             "m3_gate_fwd_bf16",
@@ -112,7 +113,12 @@ pub const MODULES: &[Module] = &[
             file: "mamba3_scan.cu",
             src: include_str!("../../../kernels/mamba3_scan.cu"),
         },
-        functions: &["m3_scan_fwd_f32", "m3_scan_bwd_f32"],
+        functions: &[
+            "m3_scan_fwd_f32",
+            "m3_scan_fwd_bf16qk",
+            "m3_scan_bwd_f32",
+            "m3_scan_bwd_bf16qk",
+        ],
     },
     Module {
         source: SourceFile {

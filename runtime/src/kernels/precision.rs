@@ -33,6 +33,23 @@ pub trait Compute: Element + sealed::Sealed {
     /// (`kernels/mamba3_chunk.cu`, bf16 products with f32 accumulation)
     /// where the shape allows; otherwise the scalar f32 scan.
     const TENSOR_CORE_SCAN: bool;
+    /// `m3_qk_fwd_*`: rotated q/k stored in this type.
+    const QK_FWD: &'static str;
+    /// The scalar scan's forward kernel reading q/k in this type.
+    const SCAN_FWD: &'static str;
+    /// The scalar scan's backward kernel reading q/k in this type.
+    const SCAN_BWD: &'static str;
+
+    /// `buf` as a bf16 buffer when this type is bf16 (the chunk scan reads
+    /// its q/k in bf16 only), else `None`.
+    fn as_bf16(buf: &DeviceBuffer<Self>) -> Option<&DeviceBuffer<bf16>>;
+
+    /// The one of two pairs of buffers that holds this type (work buffers
+    /// kept in both types, used by one step each).
+    fn pick<'a>(
+        f32s: [&'a mut DeviceBuffer<f32>; 2],
+        bf16s: [&'a mut DeviceBuffer<bf16>; 2],
+    ) -> [&'a mut DeviceBuffer<Self>; 2];
 
     /// `C = alpha op(A) op(B) + beta C` with A and B in this type, C in f32.
     fn gemm(
@@ -74,6 +91,20 @@ impl Compute for f32 {
     const GATE_FWD: &'static str = "m3_gate_fwd_f32";
     // The f32 step is held to the f64 oracle at 1e-4; bf16 products are not.
     const TENSOR_CORE_SCAN: bool = false;
+    const QK_FWD: &'static str = "m3_qk_fwd_f32";
+    const SCAN_FWD: &'static str = "m3_scan_fwd_f32";
+    const SCAN_BWD: &'static str = "m3_scan_bwd_f32";
+
+    fn as_bf16(_buf: &DeviceBuffer<f32>) -> Option<&DeviceBuffer<bf16>> {
+        None
+    }
+
+    fn pick<'a>(
+        f32s: [&'a mut DeviceBuffer<f32>; 2],
+        _bf16s: [&'a mut DeviceBuffer<bf16>; 2],
+    ) -> [&'a mut DeviceBuffer<f32>; 2] {
+        f32s
+    }
 
     fn gemm(
         gpu: &Gpu,
@@ -117,6 +148,20 @@ impl Compute for bf16 {
     const RMSNORM_FWD: &'static str = "m3_rmsnorm_fwd_bf16";
     const GATE_FWD: &'static str = "m3_gate_fwd_bf16";
     const TENSOR_CORE_SCAN: bool = true;
+    const QK_FWD: &'static str = "m3_qk_fwd_bf16qk";
+    const SCAN_FWD: &'static str = "m3_scan_fwd_bf16qk";
+    const SCAN_BWD: &'static str = "m3_scan_bwd_bf16qk";
+
+    fn as_bf16(buf: &DeviceBuffer<bf16>) -> Option<&DeviceBuffer<bf16>> {
+        Some(buf)
+    }
+
+    fn pick<'a>(
+        _f32s: [&'a mut DeviceBuffer<f32>; 2],
+        bf16s: [&'a mut DeviceBuffer<bf16>; 2],
+    ) -> [&'a mut DeviceBuffer<bf16>; 2] {
+        bf16s
+    }
 
     fn gemm(
         gpu: &Gpu,

@@ -121,13 +121,15 @@ pub struct Acts<B = DeviceBuffer<f32>> {
     pub shape: Mamba3Shape,
     /// One entry per block.
     pub layers: Vec<LayerActs<B>>,
-    /// Rotated queries of the block being run `[rows, H, N]`, shared by all
-    /// blocks: the backward pass recomputes each block's from `proj` and
-    /// `phi` (one cheap kernel) instead of keeping 2 x n_layer x rows x H x
-    /// N floats, the largest activation of a wide model.
-    pub q: DeviceBuffer<f32>,
+    /// Rotated queries of the block being run `[rows, H, N]`, in the
+    /// compute type (bf16 in the mixed step: the scan's products round them
+    /// to bf16 anyway), shared by all blocks: the backward pass recomputes
+    /// each block's from `proj` and `phi` (one cheap kernel) instead of
+    /// keeping 2 x n_layer x rows x H x N values, the largest activation of
+    /// a wide model.
+    pub q: B,
     /// Rotated keys of the block being run `[rows, H, N]`, shared like `q`.
-    pub k: DeviceBuffer<f32>,
+    pub k: B,
     /// Residual stream after the last block `[rows, d_model]`.
     pub h_final: DeviceBuffer<f32>,
     /// Reciprocal RMS of `norm_f` `[rows]`.
@@ -165,8 +167,8 @@ impl<T: Compute> Acts<DeviceBuffer<T>> {
         Ok(Self {
             shape: sh,
             layers,
-            q: buf(gpu, sh.per_row(sh.nheads * sh.d_state))?,
-            k: buf(gpu, sh.per_row(sh.nheads * sh.d_state))?,
+            q: buf_of(gpu, sh.per_row(sh.nheads * sh.d_state))?,
+            k: buf_of(gpu, sh.per_row(sh.nheads * sh.d_state))?,
             h_final: buf(gpu, sh.per_row(sh.d_model))?,
             rstd_f: buf(gpu, Ok(sh.rows))?,
             normed: buf_of(gpu, sh.per_row(sh.d_model))?,
@@ -201,10 +203,16 @@ pub struct BackwardWork {
     /// dL/d in_proj output `[rows, E]`.
     pub dproj: DeviceBuffer<f32>,
     /// The block's rotated queries, recomputed from its `proj` and `phi`
-    /// (the forward pass keeps only the last block's) `[rows, H, N]`.
+    /// (the forward pass keeps only the last block's) `[rows, H, N]`, for
+    /// the f32 step.
     pub q: DeviceBuffer<f32>,
     /// The block's rotated keys, recomputed like `q` `[rows, H, N]`.
     pub k: DeviceBuffer<f32>,
+    /// `q` for the mixed step, which keeps q/k in bf16 (`Compute::pick`
+    /// chooses the pair a step uses; the other is never touched).
+    pub q16: DeviceBuffer<bf16>,
+    /// `k` for the mixed step.
+    pub k16: DeviceBuffer<bf16>,
     /// The recomputation's `Ĉ · B̂` (equal to the kept one) `[rows, H]`.
     pub qk_raw: DeviceBuffer<f32>,
     /// dL/dq, then dL/d(biased query) `[rows, H, N]`.
@@ -267,6 +275,8 @@ impl BackwardWork {
             dproj: buf(gpu, sh.per_row(sh.width))?,
             q: buf(gpu, sh.per_row(hn))?,
             k: buf(gpu, sh.per_row(hn))?,
+            q16: buf_of(gpu, sh.per_row(hn))?,
+            k16: buf_of(gpu, sh.per_row(hn))?,
             qk_raw: buf(gpu, sh.per_row(sh.nheads))?,
             dq: buf(gpu, sh.per_row(hn))?,
             dk: buf(gpu, sh.per_row(hn))?,

@@ -203,6 +203,8 @@ fn mixer_backward<T: Compute>(
         dproj,
         q,
         k,
+        q16,
+        k16,
         qk_raw,
         dq,
         dk,
@@ -252,6 +254,7 @@ fn mixer_backward<T: Compute>(
         params: [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
         phi: &la.phi,
     };
+    let [q, k] = T::pick([q, k], [q16, k16]);
     kf::qk_fwd(gpu, sh, &src, q, k, qk_raw)?;
     let (q, k) = (&*q, &*k);
     let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
@@ -266,14 +269,17 @@ fn mixer_backward<T: Compute>(
     };
     probe.enter(gpu, S, "scan bwd")?;
     // The chunk-parallel scan leaves one dD partial per (row, chunk, head).
-    let dd_rows = if T::TENSOR_CORE_SCAN && kc::supported(sh) {
-        kc::scan_bwd(
-            gpu, sh, q, k, &la.proj, scalars, &lw.d, &la.states, gstates, dy, out,
-        )?;
-        sh.batch * sh.nchunks
-    } else {
-        kb::scan_bwd(gpu, sh, q, k, &la.proj, scalars, &lw.d, &la.states, dy, out)?;
-        sh.batch
+    let dd_rows = match (T::as_bf16(q), T::as_bf16(k)) {
+        (Some(q16), Some(k16)) if kc::supported(sh) => {
+            kc::scan_bwd(
+                gpu, sh, q16, k16, &la.proj, scalars, &lw.d, &la.states, gstates, dy, out,
+            )?;
+            sh.batch * sh.nchunks
+        }
+        _ => {
+            kb::scan_bwd(gpu, sh, q, k, &la.proj, scalars, &lw.d, &la.states, dy, out)?;
+            sh.batch
+        }
     };
     probe.enter(gpu, E, "colsum (param grads)")?;
     kb::colsum(gpu, dskip_part, dd_rows, nh, nh, 0, partials, &mut lg.d)?;

@@ -155,7 +155,7 @@ fn mixer_forward<T: Compute>(
     lw: &LayerWeights,
     gemm_w: [&DeviceBuffer<T>; 2],
     la: &mut LayerActs<DeviceBuffer<T>>,
-    qk: [&mut DeviceBuffer<f32>; 2],
+    qk: [&mut DeviceBuffer<T>; 2],
     h_next: &mut DeviceBuffer<f32>,
     probe: &mut impl Probe,
 ) -> Result<(), Mamba3GpuError> {
@@ -206,22 +206,31 @@ fn mixer_forward<T: Compute>(
     k::qk_fwd(gpu, sh, &src, q, k_rot, &mut la.qk_raw)?;
     probe.enter(gpu, S, "scan fwd")?;
     let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
-    let scan = if T::TENSOR_CORE_SCAN && kc::supported(sh) {
-        kc::scan_fwd
-    } else {
-        k::scan_fwd
-    };
-    scan(
-        gpu,
-        sh,
-        q,
-        k_rot,
-        &la.proj,
-        scalars,
-        &lw.d,
-        &mut la.y,
-        &mut la.states,
-    )?;
+    let (q, k_rot) = (&*q, &*k_rot);
+    match (T::as_bf16(q), T::as_bf16(k_rot)) {
+        (Some(q16), Some(k16)) if kc::supported(sh) => kc::scan_fwd(
+            gpu,
+            sh,
+            q16,
+            k16,
+            &la.proj,
+            scalars,
+            &lw.d,
+            &mut la.y,
+            &mut la.states,
+        )?,
+        _ => k::scan_fwd(
+            gpu,
+            sh,
+            q,
+            k_rot,
+            &la.proj,
+            scalars,
+            &lw.d,
+            &mut la.y,
+            &mut la.states,
+        )?,
+    }
     probe.enter(gpu, E, "gate fwd")?;
     k::gate_fwd(
         gpu,
