@@ -63,10 +63,18 @@ struct Outs {
     dqkdot: DeviceBuffer<f32>,
     dskip_part: DeviceBuffer<f32>,
     gstates: DeviceBuffer<f32>,
+    /// The step's q/k rounded to bf16: the chunk scan reads them so (the
+    /// mixed step stores them in bf16), the scalar reference reads f32.
+    qk16: (DeviceBuffer<bf16>, DeviceBuffer<bf16>),
 }
 
-fn outs(gpu: &Gpu, sh: &Mamba3Shape) -> Outs {
+fn outs(gpu: &Gpu, sh: &Mamba3Shape, s: &F32Step) -> Outs {
     let z = |n: usize| gpu.alloc_zeros::<f32>(n.max(1)).expect("alloc");
+    let bf = |x: &DeviceBuffer<f32>| {
+        let mut y = gpu.alloc::<bf16>(x.len()).expect("bf16 q/k");
+        f32_to_bf16(gpu, x, &mut y).expect("round q/k");
+        y
+    };
     let hn = sh.rows * sh.nheads * sh.d_state;
     let rh = sh.rows * sh.nheads;
     Outs {
@@ -80,6 +88,7 @@ fn outs(gpu: &Gpu, sh: &Mamba3Shape) -> Outs {
         dqkdot: z(rh),
         dskip_part: z(kc::dskip_part_elems(sh)),
         gstates: z(kc::state_elems(sh)),
+        qk16: (bf(&s.acts.q), bf(&s.acts.k)),
     }
 }
 
@@ -88,20 +97,13 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
     let sh = s.acts.shape;
     let (lw, la) = (&s.weights.layers[0], &s.acts.layers[0]);
     let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
-    // The chunk scan reads q/k in bf16 (the mixed step stores them so);
-    // the scalar reference reads the f32 ones.
-    let bf = |x: &DeviceBuffer<f32>| {
-        let mut y = gpu.alloc::<bf16>(x.len()).expect("bf16 q/k");
-        f32_to_bf16(gpu, x, &mut y).expect("round q/k");
-        y
-    };
-    let (q16, k16) = (bf(&s.acts.q), bf(&s.acts.k));
+    let (q16, k16) = &o.qk16;
     if chunked {
         kc::scan_fwd(
             gpu,
             &sh,
-            &q16,
-            &k16,
+            q16,
+            k16,
             &la.proj,
             scalars,
             &lw.d,
@@ -137,8 +139,8 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
         kc::scan_bwd(
             gpu,
             &sh,
-            &q16,
-            &k16,
+            q16,
+            k16,
             &la.proj,
             scalars,
             &lw.d,
@@ -202,7 +204,7 @@ fn chunk_scan_matches_the_scalar_scan() {
         let dy = gpu
             .to_device(&random(seed + 7, sh.rows * sh.d_inner, 1.0))
             .expect("dy");
-        let (mut a, mut b) = (outs(&gpu, &sh), outs(&gpu, &sh));
+        let (mut a, mut b) = (outs(&gpu, &sh, &s), outs(&gpu, &sh, &s));
         run(&gpu, &s, &dy, &mut a, true);
         run(&gpu, &s, &dy, &mut b, false);
         let states = sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state;
@@ -261,7 +263,7 @@ fn chunk_scan_reruns_are_bit_identical() {
     let dy = gpu
         .to_device(&random(9, sh.rows * sh.d_inner, 1.0))
         .expect("dy");
-    let (mut a, mut b) = (outs(&gpu, &sh), outs(&gpu, &sh));
+    let (mut a, mut b) = (outs(&gpu, &sh, &s), outs(&gpu, &sh, &s));
     run(&gpu, &s, &dy, &mut a, true);
     run(&gpu, &s, &dy, &mut b, true);
     for (x, y) in [
@@ -311,7 +313,7 @@ fn chunk_scan_time_at_the_m_shape() {
     let dy = gpu
         .to_device(&random(4, sh.rows * sh.d_inner, 1.0))
         .expect("dy");
-    let (mut a, mut b) = (outs(&gpu, &sh), outs(&gpu, &sh));
+    let (mut a, mut b) = (outs(&gpu, &sh, &s), outs(&gpu, &sh, &s));
     let chunked = median_ms(&gpu, 10, &mut || run(&gpu, &s, &dy, &mut a, true));
     let scalar = median_ms(&gpu, 5, &mut || run(&gpu, &s, &dy, &mut b, false));
     println!(
