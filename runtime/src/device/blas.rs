@@ -346,21 +346,7 @@ impl Gpu {
         b: &DeviceBuffer<bf16>,
         c: &mut DeviceBuffer<f32>,
     ) -> Result<(), GpuError> {
-        self.check_owned("GEMM A (f32, staged)", a)?;
-        self.check_owned("GEMM B", b)?;
-        self.check_owned("GEMM C", c)?;
-        let mut stage = self.scratch_view::<bf16>(super::HALF_STAGING, a.len())?;
-        crate::kernels::elementwise::f32_to_bf16_staged(self, a, &mut stage)?;
-        let args = GemmEx {
-            a: stage.device_addr()?,
-            b: b.device_addr(),
-            c: c.device_addr(),
-            ab_type: blas_sys::cudaDataType::CUDA_R_16BF,
-            c_type: blas_sys::cudaDataType::CUDA_R_32F,
-            compute: blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        };
-        // The staging view holds exactly a.len() bf16s, so A's length is a's.
-        self.gemm_ex(g, [stage.len(), b.len(), c.len()], args)
+        self.staged_gemms(a, [Some((g, b, c)), None])
     }
 
     /// [`gemm_bf16_f32_staged_a`](Self::gemm_bf16_f32_staged_a) for two
@@ -373,10 +359,19 @@ impl Gpu {
         first: (&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>),
         second: (&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>),
     ) -> Result<(), GpuError> {
+        self.staged_gemms(a, [Some(first), Some(second)])
+    }
+
+    /// Rounds `a` into `half_staging` once and runs each product from it.
+    fn staged_gemms(
+        &self,
+        a: &DeviceBuffer<f32>,
+        jobs: [Option<(&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>)>; 2],
+    ) -> Result<(), GpuError> {
         self.check_owned("GEMM A (f32, staged)", a)?;
         let mut stage = self.scratch_view::<bf16>(super::HALF_STAGING, a.len())?;
         crate::kernels::elementwise::f32_to_bf16_staged(self, a, &mut stage)?;
-        for (g, b, c) in [first, second] {
+        for (g, b, c) in jobs.into_iter().flatten() {
             self.check_owned("GEMM B", b)?;
             self.check_owned("GEMM C", c)?;
             let args = GemmEx {
@@ -387,6 +382,7 @@ impl Gpu {
                 c_type: blas_sys::cudaDataType::CUDA_R_32F,
                 compute: blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             };
+            // The staging view holds exactly a.len() bf16s, so A's length is a's.
             self.gemm_ex(g, [stage.len(), b.len(), c.len()], args)?;
         }
         Ok(())
