@@ -46,6 +46,8 @@ pub enum F32GemmMath {
     Tf32,
 }
 
+/// One product of a staged bf16 GEMM: its shape, B operand and C result.
+type StagedJob<'a> = (&'a Gemm, &'a DeviceBuffer<bf16>, &'a mut DeviceBuffer<f32>);
 impl F32GemmMath {
     fn compute_type(self) -> blas_sys::cublasComputeType_t {
         match self {
@@ -362,11 +364,12 @@ impl Gpu {
         self.staged_gemms(a, [Some(first), Some(second)])
     }
 
-    /// Rounds `a` into `half_staging` once and runs each product from it.
+    /// Rounds `a` into `half_staging` once and runs each product (shape, B,
+    /// C) from it.
     fn staged_gemms(
         &self,
         a: &DeviceBuffer<f32>,
-        jobs: [Option<(&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>)>; 2],
+        jobs: [Option<StagedJob<'_>>; 2],
     ) -> Result<(), GpuError> {
         self.check_owned("GEMM A (f32, staged)", a)?;
         let mut stage = self.scratch_view::<bf16>(super::HALF_STAGING, a.len())?;
