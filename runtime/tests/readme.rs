@@ -232,19 +232,10 @@ fn eval_reads_a_data_file_and_agrees_with_trains_held_out_eval() {
         .map(|i| b"stepgraph trains mamba "[i * 5 % 23])
         .collect();
     std::fs::write(dir.path().join("c.txt"), corpus).unwrap();
-    let stdout = ok(&stepgraph(
+    let args = [
+        &["train"][..],
+        cli_common::TINY_MODEL,
         &[
-            "train",
-            "--device",
-            "cpu",
-            "--d-model",
-            "8",
-            "--d-state",
-            "8",
-            "--headdim",
-            "4",
-            "--batch",
-            "4",
             "--steps",
             "4",
             "--data",
@@ -256,8 +247,9 @@ fn eval_reads_a_data_file_and_agrees_with_trains_held_out_eval() {
             "--progress",
             "plain",
         ],
-        dir.path(),
-    ));
+    ]
+    .concat();
+    let stdout = ok(&stepgraph(&args, dir.path()));
     // The summary says what its losses are.
     assert!(
         stdout.contains("train loss ")

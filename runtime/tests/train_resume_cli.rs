@@ -43,16 +43,9 @@ const JOB: &[&str] = &[
 ];
 
 fn job(extra: &[&str], cwd: &Path) -> std::process::Output {
-    let mut args = vec![
-        "train",
-        "--device",
-        "cpu",
-        "--d-model",
-        "8",
-        "--d-state",
-        "8",
-    ];
-    args.extend(["--headdim", "4", "--batch", "4", "--progress", "quiet"]);
+    let mut args = vec!["train"];
+    args.extend_from_slice(cli_common::TINY_MODEL);
+    args.extend(["--progress", "quiet"]);
     args.extend_from_slice(JOB);
     args.extend_from_slice(extra);
     stepgraph(&args, cwd)

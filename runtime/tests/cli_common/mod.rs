@@ -20,7 +20,23 @@ pub fn stepgraph(args: &[&str], cwd: &Path) -> Output {
         .expect("run stepgraph")
 }
 
-/// A model and job small enough for a debug build.
+/// A model small enough for a debug build, on the CPU (no task flags: a
+/// `--data` run may not take them).
+pub const TINY_MODEL: &[&str] = &[
+    "--device",
+    "cpu",
+    "--d-model",
+    "8",
+    "--d-state",
+    "8",
+    "--headdim",
+    "4",
+    "--batch",
+    "4",
+];
+
+/// A model and job small enough for a debug build: [`TINY_MODEL`] plus
+/// these task flags.
 pub const TINY: &[&str] = &[
     "--device",
     "cpu",
