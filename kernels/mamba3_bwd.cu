@@ -243,6 +243,163 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
                           dproj, contrib_b, contrib_c, d);
 }
 
+
+// The tiled form of m3_rot_bcnorm_bwd_f32 that also sums the bias
+// gradients, for N / 2 in {32, 64, 128, 256} (the wrapper falls back to the
+// warp form plus column sums otherwise). A block owns a tile of rows and one
+// group; a thread owns one interleaved pair p (N / 2 threads a "slot") and
+// M3_RBT_ROWS rows of the tile (slot, slot + slots, ...), whose B/C inputs and
+// per-group sums over heads sit in its registers. Heads are walked outer,
+// rows inner, so the sum over the tile's rows of each head's dk/dq (the
+// bias gradient's share of the tile) builds up in registers too; the slots'
+// sums are added in slot order and written over the tile's first row of
+// dk/dq for that head (every read of that head's tile is done by then: the
+// block synchronizes first, and no other block touches the tile). The bias
+// gradients are then column sums over those rows (stride: a tile).
+// Same math and head order as the warp form, so dproj, dphi and contrib
+// agree with it except for the order of the norm's row dot.
+// Four rows a thread: eight took 240 registers (every row's loads hoisted).
+#define M3_RBT_ROWS 4
+extern "C" __global__ void __launch_bounds__(SG_BLOCK, 2)
+    m3_rot_bcnorm_bwd_tiled_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b,
+                                const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
+                                const float* __restrict__ c_norm, const float* __restrict__ b_bias,
+                                const float* __restrict__ c_bias, const float* __restrict__ phi,
+                                const float* __restrict__ dt, const float* __restrict__ lam,
+                                const float* __restrict__ dqkdot, float* __restrict__ dq, float* __restrict__ dk,
+                                float* __restrict__ dphi, float* __restrict__ dproj, float* __restrict__ contrib_b,
+                                float* __restrict__ contrib_c, M3Dims d) {
+    // [parity][slot][pair] of the tile's per-head (dk, dq) pair sums; rows'
+    // norm dots [warp][row][b, c].
+    __shared__ float4 red[2][SG_BLOCK];
+    __shared__ float2 rowdot[SG_BLOCK / 32][M3_RBT_ROWS];
+    const unsigned np = d.d_state / 2, slots = SG_BLOCK / np;
+    const unsigned p = threadIdx.x % np, slot = threadIdx.x / np;
+    const unsigned tile_rows = slots * M3_RBT_ROWS, g = blockIdx.y;
+    const unsigned long long r0 = (unsigned long long)blockIdx.x * tile_rows;
+    const unsigned hpg = d.nheads / d.ngroups, j0 = 2 * p;
+    const float bn0 = b_norm[j0], bn1 = b_norm[j0 + 1], cn0 = c_norm[j0], cn1 = c_norm[j0 + 1];
+    const bool rotated = p < d.angles;
+    float rb[M3_RBT_ROWS], rc[M3_RBT_ROWS];
+    float xb[M3_RBT_ROWS][2], xc[M3_RBT_ROWS][2], sb[M3_RBT_ROWS][2], sc[M3_RBT_ROWS][2];
+#pragma unroll
+    for (int i = 0; i < M3_RBT_ROWS; ++i) {
+        const unsigned long long row = r0 + slot + (unsigned long long)i * slots;
+        const bool live = row < d.rows;
+        const float* pr = proj + row * d.width;
+        rb[i] = live ? rstd_b[row * d.ngroups + g] : 0.0f;
+        rc[i] = live ? rstd_c[row * d.ngroups + g] : 0.0f;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            xb[i][e] = live ? pr[d.off_b + g * d.d_state + j0 + e] : 0.0f;
+            xc[i][e] = live ? pr[d.off_c + g * d.d_state + j0 + e] : 0.0f;
+            sb[i][e] = 0.0f;
+            sc[i][e] = 0.0f;
+        }
+    }
+#pragma unroll 1
+    for (unsigned h = g * hpg; h < (g + 1) * hpg; ++h) {
+        const float2 bb = m3_load_pair(b_bias + h * d.d_state + j0);
+        const float2 cb = m3_load_pair(c_bias + h * d.d_state + j0);
+        float4 tile = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int i = 0; i < M3_RBT_ROWS; ++i) {
+            const unsigned long long row = r0 + slot + (unsigned long long)i * slots;
+            if (row >= d.rows) {
+                continue;
+            }
+            const unsigned long long rh = row * d.nheads + h;
+            const unsigned long long e0 = rh * d.d_state + j0;
+            const float dqk = dqkdot[rh] * lam[rh] * dt[rh];
+            const float2 gk = m3_load_pair(dk + e0), gq = m3_load_pair(dq + e0);
+            float gk0 = gk.x, gk1 = gk.y, gq0 = gq.x, gq1 = gq.y;
+            const float kb0 = m3_hat(xb[i][0], rb[i], bn0, bb.x);
+            const float kb1 = m3_hat(xb[i][1], rb[i], bn1, bb.y);
+            const float qb0 = m3_hat(xc[i][0], rc[i], cn0, cb.x);
+            const float qb1 = m3_hat(xc[i][1], rc[i], cn1, cb.y);
+            if (rotated) {
+                float sn, cs;
+                sincosf(phi[rh * d.angles + p], &sn, &cs);
+                float k0 = kb0, k1 = kb1, q0 = qb0, q1 = qb1;
+                m3_rotate(k0, k1, sn, cs);
+                m3_rotate(q0, q1, sn, cs);
+                dphi[rh * d.angles + p] = -gk0 * k1 + gk1 * k0 - gq0 * q1 + gq1 * q0;
+                const float a0 = cs * gk0 + sn * gk1, a1 = -sn * gk0 + cs * gk1;
+                const float b0 = cs * gq0 + sn * gq1, b1 = -sn * gq0 + cs * gq1;
+                gk0 = a0; gk1 = a1; gq0 = b0; gq1 = b1;
+            }
+            gk0 = fmaf(dqk, qb0, gk0);
+            gk1 = fmaf(dqk, qb1, gk1);
+            gq0 = fmaf(dqk, kb0, gq0);
+            gq1 = fmaf(dqk, kb1, gq1);
+            sb[i][0] += gk0;
+            sb[i][1] += gk1;
+            sc[i][0] += gq0;
+            sc[i][1] += gq1;
+            tile.x += gk0;
+            tile.y += gk1;
+            tile.z += gq0;
+            tile.w += gq1;
+        }
+        // Two buffers by head parity: one barrier a head separates this
+        // head's writes from the reads two heads back.
+        float4* r = red[h & 1];
+        r[threadIdx.x] = tile;
+        __syncthreads();
+        if (slot == 0) {
+            float4 s = r[p];
+            for (unsigned o = 1; o < slots; ++o) {
+                const float4 t = r[o * np + p];
+                s.x += t.x;
+                s.y += t.y;
+                s.z += t.z;
+                s.w += t.w;
+            }
+            const unsigned long long e0 = (r0 * d.nheads + h) * d.d_state + j0;
+            m3_store_pair(dk + e0, s.x, s.y);
+            m3_store_pair(dq + e0, s.z, s.w);
+        }
+    }
+    // RMSNorm backward of B^ = B rb w (C likewise), the group sums as the
+    // upstream gradient; a row's dot runs over its slot's np / 32 warps.
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = 0; i < M3_RBT_ROWS; ++i) {
+        float ab = sb[i][0] * bn0 * xb[i][0];
+        ab = fmaf(sb[i][1] * bn1, xb[i][1], ab);
+        float ac = sc[i][0] * cn0 * xc[i][0];
+        ac = fmaf(sc[i][1] * cn1, xc[i][1], ac);
+        ab = m3_warp_sum(ab);
+        ac = m3_warp_sum(ac);
+        if (lane == 0) {
+            rowdot[warp][i] = make_float2(ab, ac);
+        }
+    }
+    __syncthreads();
+    const unsigned wps = np / 32, w0 = slot * wps;
+#pragma unroll
+    for (int i = 0; i < M3_RBT_ROWS; ++i) {
+        const unsigned long long row = r0 + slot + (unsigned long long)i * slots;
+        if (row >= d.rows) {
+            continue;
+        }
+        float2 dot = rowdot[w0][i];
+        for (unsigned w = 1; w < wps; ++w) {
+            dot.x += rowdot[w0 + w][i].x;
+            dot.y += rowdot[w0 + w][i].y;
+        }
+        const float cbn = rb[i] * rb[i] * rb[i] * dot.x / (float)d.d_state;
+        const float ccn = rc[i] * rc[i] * rc[i] * dot.y / (float)d.d_state;
+        const unsigned long long gw = (row * d.ngroups + g) * d.d_state + j0;
+        m3_store_pair(contrib_b + gw, sb[i][0] * xb[i][0] * rb[i], sb[i][1] * xb[i][1] * rb[i]);
+        m3_store_pair(contrib_c + gw, sc[i][0] * xc[i][0] * rc[i], sc[i][1] * xc[i][1] * rc[i]);
+        float* dr = dproj + row * d.width;
+        dr[d.off_b + g * d.d_state + j0] = rb[i] * bn0 * sb[i][0] - cbn * xb[i][0];
+        dr[d.off_b + g * d.d_state + j0 + 1] = rb[i] * bn1 * sb[i][1] - cbn * xb[i][1];
+        dr[d.off_c + g * d.d_state + j0] = rc[i] * cn0 * sc[i][0] - ccn * xc[i][0];
+        dr[d.off_c + g * d.d_state + j0 + 1] = rc[i] * cn1 * sc[i][1] - ccn * xc[i][1];
+    }
+}
 // The reverse cumsum over t of dphi, in place (phi_t sums dt_r theta_r over
 // r <= t, so d(dt_t theta_t) = sum_{u >= t} dphi_u), in double. Same
 // schedule as m3_angle_fwd_f32: lane = angle, warp = time segment, segment

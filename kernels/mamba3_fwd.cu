@@ -229,6 +229,106 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     qk_fwd<float, __nv_bfloat16>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
 }
 
+
+// The tiled form of qk_fwd for N / 2 in {32, 64, 128, 256} (the wrapper
+// falls back to the warp form otherwise): a block owns a tile of rows and
+// one group, a thread one interleaved pair p and M3_QKT_ROWS rows of the
+// tile (slot, slot + slots, ...), whose normalised B/C (x * rstd, the
+// product m3_hat rounds first) sit in its registers across the group's
+// heads; per head only the bias, phi and the stores are new. A (row, head)
+// dot runs over the slot's N / 64 warps: shuffles, then the warps' sums in
+// warp order. Same values as the warp form.
+#define M3_QKT_ROWS 4
+template <typename Q>
+__device__ void qk_fwd_tiled(const float* __restrict__ proj, const float* __restrict__ rstd_b,
+                             const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
+                             const float* __restrict__ c_norm, const float* __restrict__ b_bias,
+                             const float* __restrict__ c_bias, const float* __restrict__ phi,
+                             Q* __restrict__ q, Q* __restrict__ k, float* __restrict__ qk_raw, M3Dims d) {
+    __shared__ float dots[2][SG_BLOCK / 32][M3_QKT_ROWS];
+    const unsigned np = d.d_state / 2, slots = SG_BLOCK / np;
+    const unsigned p = threadIdx.x % np, slot = threadIdx.x / np;
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, wps = np / 32;
+    const unsigned tile_rows = slots * M3_QKT_ROWS, g = blockIdx.y;
+    const unsigned long long r0 = (unsigned long long)blockIdx.x * tile_rows;
+    const unsigned hpg = d.nheads / d.ngroups, j0 = 2 * p;
+    const float bn0 = b_norm[j0], bn1 = b_norm[j0 + 1], cn0 = c_norm[j0], cn1 = c_norm[j0 + 1];
+    const bool rotated = p < d.angles;
+    float xb[M3_QKT_ROWS][2], xc[M3_QKT_ROWS][2];
+#pragma unroll
+    for (int i = 0; i < M3_QKT_ROWS; ++i) {
+        const unsigned long long row = r0 + slot + (unsigned long long)i * slots;
+        const bool live = row < d.rows;
+        const float* pr = proj + row * d.width;
+        const float rb = live ? rstd_b[row * d.ngroups + g] : 0.0f;
+        const float rc = live ? rstd_c[row * d.ngroups + g] : 0.0f;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            xb[i][e] = live ? pr[d.off_b + g * d.d_state + j0 + e] * rb : 0.0f;
+            xc[i][e] = live ? pr[d.off_c + g * d.d_state + j0 + e] * rc : 0.0f;
+        }
+    }
+#pragma unroll 1
+    for (unsigned h = g * hpg; h < (g + 1) * hpg; ++h) {
+        const float2 bb = m3_load_pair(b_bias + h * d.d_state + j0);
+        const float2 cb = m3_load_pair(c_bias + h * d.d_state + j0);
+#pragma unroll
+        for (int i = 0; i < M3_QKT_ROWS; ++i) {
+            const unsigned long long row = r0 + slot + (unsigned long long)i * slots;
+            float dot = 0.0f;
+            if (row < d.rows) {
+                const unsigned long long rh = row * d.nheads + h;
+                float kb0 = fmaf(xb[i][0], bn0, bb.x), kb1 = fmaf(xb[i][1], bn1, bb.y);
+                float qb0 = fmaf(xc[i][0], cn0, cb.x), qb1 = fmaf(xc[i][1], cn1, cb.y);
+                dot = fmaf(qb0, kb0, dot);
+                dot = fmaf(qb1, kb1, dot);
+                if (rotated) {
+                    float sn, cs;
+                    sincosf(phi[rh * d.angles + p], &sn, &cs);
+                    m3_rotate(kb0, kb1, sn, cs);
+                    m3_rotate(qb0, qb1, sn, cs);
+                }
+                m3_store_pair(k + rh * d.d_state + j0, kb0, kb1);
+                m3_store_pair(q + rh * d.d_state + j0, qb0, qb1);
+            }
+            dot = m3_warp_sum(dot);
+            if (lane == 0) {
+                dots[h & 1][warp][i] = dot;
+            }
+        }
+        __syncthreads();
+        // Thread i of a slot's first warp finishes row i's dot for this head.
+        if (warp % wps == 0 && lane < M3_QKT_ROWS) {
+            const unsigned long long row = r0 + slot + (unsigned long long)lane * slots;
+            if (row < d.rows) {
+                float s = dots[h & 1][warp][lane];
+                for (unsigned w = 1; w < wps; ++w) {
+                    s += dots[h & 1][warp + w][lane];
+                }
+                qk_raw[row * d.nheads + h] = s;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_qk_fwd_tiled_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b,
+                        const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
+                        const float* __restrict__ c_norm, const float* __restrict__ b_bias,
+                        const float* __restrict__ c_bias, const float* __restrict__ phi, float* __restrict__ q,
+                        float* __restrict__ k, float* __restrict__ qk_raw, M3Dims d) {
+    qk_fwd_tiled<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_qk_fwd_tiled_bf16qk(const float* __restrict__ proj, const float* __restrict__ rstd_b,
+                           const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
+                           const float* __restrict__ c_norm, const float* __restrict__ b_bias,
+                           const float* __restrict__ c_bias, const float* __restrict__ phi,
+                           __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k,
+                           float* __restrict__ qk_raw, M3Dims d) {
+    qk_fwd_tiled<__nv_bfloat16>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
+}
 // One warp per (row, head): o = y' * silu(z), y' = y, or with the output norm
 // y' = RMSNorm_P(y) w (its reciprocal RMS kept in gate_rstd). `has_norm` = 0
 // ignores `norm_w` and `gate_rstd`. TO is the storage of o, the out_proj

@@ -59,10 +59,13 @@ fn cold_start_compiles_then_reads_the_cache() {
     let built = Path::new(env!("CARGO_BIN_EXE_stepgraph"));
     let staged = Path::new(".gpu/bin/stepgraph");
     let exe = if built.exists() { built } else { staged };
-    let r = cold_start(exe, "S").expect("cold start");
-    print!("{}", r.table());
-    assert_eq!(r.cold.phases.modules_cached, 0);
-    assert!(r.cold.phases.modules_compiled > 0);
-    assert_eq!(r.warm.phases.modules_compiled, 0);
-    assert!(r.warm.phases.first_step_ms > 0.0);
+    for precision in [Precision::F32, Precision::Bf16] {
+        let r = cold_start(exe, "S", precision).expect("cold start");
+        print!("{}", r.table());
+        assert_eq!(r.cold.phases.precision, precision);
+        assert_eq!(r.cold.phases.modules_cached, 0);
+        assert!(r.cold.phases.modules_compiled > 0);
+        assert_eq!(r.warm.phases.modules_compiled, 0);
+        assert!(r.warm.phases.first_step_ms > 0.0);
+    }
 }

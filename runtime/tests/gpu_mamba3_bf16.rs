@@ -258,6 +258,21 @@ fn bf16_loss_and_gradients_match_the_f64_oracle() {
             2,
             70,
         ),
+        (
+            // The pair-tiled q/k and rotation kernels with two groups and
+            // a partial last tile (130 rows, tiles of 32).
+            "wider d128 N64 P16 G2",
+            Mamba3Config {
+                d_model: 128,
+                d_state: 64,
+                headdim: 16,
+                ngroups: 2,
+                vocab_size: 50,
+                ..oracle_cfg()
+            },
+            2,
+            65,
+        ),
     ];
     let mut over = Vec::new();
     for (label, cfg, b, t) in &configs {

@@ -184,6 +184,15 @@ fn f32_loss_logits_and_gradients_match_the_f64_oracle() {
         ..base_cfg()
     };
     check_against_oracle(&gpu, "wider d64 N32 P16", &wide, 2, 70, &mut table);
+    // N 64 takes the pair-tiled q/k forward and rotation backward (the
+    // others run their warp forms); two groups, and 140 rows: a partial
+    // last tile.
+    let tiled = Mamba3Config {
+        d_state: 64,
+        ngroups: 2,
+        ..wide
+    };
+    check_against_oracle(&gpu, "tiled d64 N64 G2", &tiled, 2, 70, &mut table);
     print_table("f32 vs f64 oracle", &table);
 }
 

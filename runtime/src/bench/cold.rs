@@ -19,14 +19,16 @@ use crate::device::nvrtc::{CACHE_ENV, CacheOutcome};
 use crate::device::{Gpu, GpuOptions};
 use crate::graph::ShapeKey;
 use crate::mamba3::cpu;
-use crate::mamba3::gpu::{F32Step, Mamba3F32Graph, Mamba3GpuError};
+use crate::mamba3::gpu::{Bf16Step, F32Step, Mamba3Bf16Graph, Mamba3F32Graph, Mamba3GpuError};
 use crate::optim::{AdamWConfig, DecayPolicy};
 
-use super::{BenchConfig, BenchError};
+use super::{BenchConfig, BenchError, Precision};
 
 /// Phases of one first step, measured inside the process (milliseconds).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FirstStep {
+    /// The step's precision.
+    pub precision: Precision,
     /// `Gpu::new`: driver, context, kernels (compiled or read), cuBLAS, warm-up.
     pub gpu_init_ms: f64,
     /// Kernel modules compiled (cache misses).
@@ -70,7 +72,11 @@ fn ms_since(t: Instant) -> f64 {
 }
 
 /// Runs the first step in this process (the child side of [`cold_start`]).
-pub fn first_step(cfg: &BenchConfig, vocab: usize) -> Result<FirstStep, BenchError> {
+pub fn first_step(
+    cfg: &BenchConfig,
+    vocab: usize,
+    precision: Precision,
+) -> Result<FirstStep, BenchError> {
     let t0 = Instant::now();
     let gpu = Gpu::with_options(GpuOptions::default())?;
     let gpu_init_ms = ms_since(t0);
@@ -84,41 +90,51 @@ pub fn first_step(cfg: &BenchConfig, vocab: usize) -> Result<FirstStep, BenchErr
     let t1 = Instant::now();
     let model = cfg.model(vocab);
     let weights = cpu::Weights::<f32>::init(&model, 1).map_err(Mamba3GpuError::from)?;
-    let mut step = F32Step::new(
-        &gpu,
-        &model,
-        &weights,
-        &AdamWConfig::default(),
-        &DecayPolicy::default(),
-        cfg.batch,
-        cfg.seq_len,
-    )?;
     let vocab_i = i32::try_from(model.vocab_size).unwrap_or(i32::MAX);
     let ids: Vec<i32> = (0..cfg.batch * (cfg.seq_len + 1))
         .map(|i| i32::try_from(i % 251).unwrap_or(0) % vocab_i)
         .collect();
-    step.set_tokens(&gpu, &ids)?;
-    gpu.synchronize()?;
-    let build_ms = ms_since(t1);
-
-    let t2 = Instant::now();
-    step.run_eager(&gpu)?;
-    let loss = step.loss(&gpu)?;
-    let first_step_ms = ms_since(t2);
-    if !loss.is_finite() {
-        return Err(BenchError::FirstStepLoss(loss));
-    }
-
-    let t3 = Instant::now();
+    let (adamw, policy) = (AdamWConfig::default(), DecayPolicy::default());
     let key = ShapeKey {
         batch: cfg.batch,
         seq_len: cfg.seq_len,
     };
-    let graph = Mamba3F32Graph::capture(&gpu, step.capture_view(), key)?;
-    graph.replay(&gpu, step.replay_view())?;
-    gpu.synchronize()?;
-    let capture_ms = ms_since(t3);
+    let (build_ms, first_step_ms, capture_ms) = match precision {
+        Precision::F32 => {
+            let mut step = F32Step::new(
+                &gpu, &model, &weights, &adamw, &policy, cfg.batch, cfg.seq_len,
+            )?;
+            step.set_tokens(&gpu, &ids)?;
+            phases(
+                &gpu,
+                t1,
+                &mut step,
+                |s| Ok(s.run_eager(&gpu).map(|()| s.loss(&gpu))??),
+                |s| {
+                    let g = Mamba3F32Graph::capture(&gpu, s.capture_view(), key)?;
+                    Ok(g.replay(&gpu, s.replay_view())?)
+                },
+            )?
+        }
+        Precision::Bf16 => {
+            let mut step = Bf16Step::new(
+                &gpu, &model, &weights, &adamw, &policy, cfg.batch, cfg.seq_len,
+            )?;
+            step.set_tokens(&gpu, &ids)?;
+            phases(
+                &gpu,
+                t1,
+                &mut step,
+                |s| Ok(s.run_eager(&gpu).map(|()| s.loss(&gpu))??),
+                |s| {
+                    let g = Mamba3Bf16Graph::capture(&gpu, s.capture_view(), key)?;
+                    Ok(g.replay(&gpu, s.replay_view())?)
+                },
+            )?
+        }
+    };
     Ok(FirstStep {
+        precision,
         gpu_init_ms,
         modules_compiled: reports.len() - modules_cached,
         modules_cached,
@@ -130,10 +146,40 @@ pub fn first_step(cfg: &BenchConfig, vocab: usize) -> Result<FirstStep, BenchErr
     })
 }
 
-fn child(exe: &Path, cache: &Path, config: &str) -> Result<ChildRun, BenchError> {
+/// Times a built step's phases: the build (from `t1`, after a synchronize),
+/// the first eager step up to its loss on the host, and the capture with
+/// its first replay. A non-finite first loss is an error.
+fn phases<S>(
+    gpu: &Gpu,
+    t1: Instant,
+    step: &mut S,
+    eager: impl FnOnce(&mut S) -> Result<f32, BenchError>,
+    capture_and_replay: impl FnOnce(&mut S) -> Result<(), BenchError>,
+) -> Result<(f64, f64, f64), BenchError> {
+    gpu.synchronize()?;
+    let build_ms = ms_since(t1);
+    let t2 = Instant::now();
+    let loss = eager(step)?;
+    let first_step_ms = ms_since(t2);
+    if !loss.is_finite() {
+        return Err(BenchError::FirstStepLoss(loss));
+    }
+    let t3 = Instant::now();
+    capture_and_replay(step)?;
+    gpu.synchronize()?;
+    Ok((build_ms, first_step_ms, ms_since(t3)))
+}
+
+fn child(
+    exe: &Path,
+    cache: &Path,
+    config: &str,
+    precision: Precision,
+) -> Result<ChildRun, BenchError> {
     let t = Instant::now();
     let out = Command::new(exe)
         .args(["bench", "--first-step", "--config", config])
+        .args(["--precision", precision.label()])
         .env(CACHE_ENV, cache)
         .output()
         .map_err(|source| BenchError::Spawn {
@@ -178,9 +224,14 @@ fn fresh_cache_dir() -> Result<PathBuf, BenchError> {
 
 /// Runs `exe bench --first-step` twice for `config`: with an empty kernel
 /// cache, then with the one it filled. The cache is removed afterwards.
-pub fn cold_start(exe: &Path, config: &str) -> Result<ColdStart, BenchError> {
+pub fn cold_start(
+    exe: &Path,
+    config: &str,
+    precision: Precision,
+) -> Result<ColdStart, BenchError> {
     let dir = fresh_cache_dir()?;
-    let runs = child(exe, &dir, config).and_then(|cold| Ok((cold, child(exe, &dir, config)?)));
+    let run = || child(exe, &dir, config, precision);
+    let runs = run().and_then(|cold| Ok((cold, run()?)));
     // Best effort: a leftover temp directory is harmless.
     let _ = std::fs::remove_dir_all(&dir);
     let (cold, warm) = runs?;
@@ -197,8 +248,9 @@ impl ColdStart {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "first training step of a fresh process, config {} (f32):",
-            self.config
+            "first training step of a fresh process, config {} ({}):",
+            self.config,
+            self.cold.phases.precision.label()
         );
         let _ = writeln!(
             s,

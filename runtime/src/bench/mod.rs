@@ -120,13 +120,23 @@ pub enum BenchError {
 }
 
 /// Compute precision of the benchmarked step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// The f32 step (`specs/mamba3_f32.ron`).
     F32,
     /// The bf16 mixed-precision step (`specs/mamba3_bf16.ron`).
     Bf16,
+}
+
+impl Precision {
+    /// The name the CLI and the reports use (`f32`, `bf16`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        }
+    }
 }
 
 /// How the bench runs.

@@ -113,16 +113,18 @@ pub fn tflops(flops: f64, ms: f64) -> f64 {
     }
 }
 
-/// Bytes in use on the device now (`total - free`), after a synchronize so
-/// stream-ordered frees have landed.
+/// Bytes in use on the device now (`total - free`), after a synchronize and
+/// a trim of the memory pool so stream-ordered frees have landed and are
+/// returned (a step built after another would otherwise reuse the pool's
+/// memory and read as 0 bytes).
 pub fn used_bytes(gpu: &Gpu) -> Result<usize, GpuError> {
-    gpu.synchronize()?;
+    gpu.trim_memory_pool()?;
     let (free, total) = gpu.mem_info()?;
     Ok(total.saturating_sub(free))
 }
 
 /// Free device bytes now.
 pub fn free_bytes(gpu: &Gpu) -> Result<usize, GpuError> {
-    gpu.synchronize()?;
+    gpu.trim_memory_pool()?;
     Ok(gpu.mem_info()?.0)
 }

@@ -269,6 +269,31 @@ impl Gpu {
         self.ctx.mem_get_info().during("read free device memory")
     }
 
+    /// Waits for the stream, then hands the device's default memory pool's
+    /// unused memory back to the driver, so that a following [`mem_info`]
+    /// counts only live buffers: stream-ordered frees otherwise stay in the
+    /// pool, and a buffer built after one reuses its memory unseen.
+    ///
+    /// [`mem_info`]: Self::mem_info
+    pub fn trim_memory_pool(&self) -> Result<(), GpuError> {
+        self.synchronize()?;
+        let mut pool: cudarc::driver::sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `pool` is a live stack handle the driver writes; the
+        // device ordinal comes from this context's own device.
+        unsafe {
+            cudarc::driver::sys::cuDeviceGetDefaultMemPool(&raw mut pool, self.ctx.cu_device())
+        }
+        .result()
+        .during("look up the default memory pool")?;
+        // SAFETY: `pool` is the device's default pool returned just above;
+        // trimming releases only memory no allocation holds, and the
+        // stream was synchronized, so no free is still in flight.
+        unsafe { cudarc::driver::sys::cuMemPoolTrimTo(pool, 0) }
+            .result()
+            .during("trim the default memory pool")?;
+        Ok(())
+    }
+
     /// How each kernel module was obtained at start-up (cache hit or compile,
     /// and how long it took).
     pub fn compile_reports(&self) -> &[CompileReport] {

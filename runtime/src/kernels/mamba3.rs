@@ -415,7 +415,13 @@ pub fn qk_fwd<Q: Compute>(
     need(gpu, "qk: q", q, sh.per_row(sh.nheads * sh.d_state)?)?;
     need(gpu, "qk: k", k, sh.per_row(sh.nheads * sh.d_state)?)?;
     need(gpu, "qk: qk_raw", qk_raw, sh.per_row(sh.nheads)?)?;
-    let f = gpu.kernel(Q::QK_FWD)?;
+    let tile = rows_per_pair_tile(sh.d_state, QK_TILE_ROWS);
+    let name = if tile.is_some() {
+        Q::QK_FWD_TILED
+    } else {
+        Q::QK_FWD
+    };
+    let f = gpu.kernel(name)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(src.proj.slice()?).arg(rb.slice()?).arg(rc.slice()?);
     b.arg(bn.slice()?)
@@ -427,11 +433,59 @@ pub fn qk_fwd<Q: Compute>(
         .arg(k.slice_mut()?)
         .arg(qk_raw.slice_mut()?)
         .arg(&d);
-    // SAFETY: one warp per (row, head) reads proj's B/C columns, the norm
-    // weights [N], biases [H x N], phi [rows x H x S] and writes q/k
-    // [rows x H x N] and qk_raw [rows x H]; all lengths checked.
-    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_qk_fwd")?;
+    let Some(tile) = tile else {
+        // SAFETY: one warp per (row, head) reads proj's B/C columns, the
+        // norm weights [N], biases [H x N], phi [rows x H x S] and writes
+        // q/k [rows x H x N] and qk_raw [rows x H]; all lengths checked.
+        unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_qk_fwd")?;
+        return Ok(());
+    };
+    // SAFETY: block (tile, g) reads and writes the rows [tile * tile_rows,
+    // +tile_rows) below `rows` of the buffers above (the group's heads of
+    // q/k/phi/qk_raw, its B/C columns of proj), all lengths checked; a
+    // thread per pair of the N / 2 (pair_tile_grid checked that it is a
+    // whole number of warps dividing the block).
+    unsafe { b.launch(pair_tile_grid(sh, tile)?) }.during("launch m3_qk_fwd_tiled")?;
     Ok(())
+}
+
+/// Rows a thread of `m3_qk_fwd_tiled_*` owns (`M3_QKT_ROWS` in
+/// mamba3_fwd.cu).
+const QK_TILE_ROWS: usize = 4;
+
+/// Rows of one tile of the kernels that run a thread per interleaved pair
+/// of N and `rows_per_thread` rows a thread (the tiled q/k forward and
+/// rotation backward), when the shape takes that form: `d_state / 2` must
+/// be a whole number of warps that divides the block.
+pub(crate) fn rows_per_pair_tile(d_state: usize, rows_per_thread: usize) -> Option<usize> {
+    let np = d_state / 2;
+    let block = BLOCK as usize;
+    let fits = d_state.is_multiple_of(2)
+        && np > 0
+        && np.is_multiple_of(32)
+        && block.is_multiple_of(np);
+    fits.then(|| (block / np) * rows_per_thread)
+}
+
+/// The launch of a pair-tiled kernel: one block per (tile of `tile` rows,
+/// group).
+pub(crate) fn pair_tile_grid(sh: &Mamba3Shape, tile: usize) -> Result<LaunchConfig, GpuError> {
+    if sh.ngroups > 65_535 {
+        return Err(GpuError::SizeOverflow {
+            what: "pair-tiled kernel: groups (grid y)",
+            value: u128::try_from(sh.ngroups).unwrap_or(u128::MAX),
+            target: "65535",
+        });
+    }
+    Ok(LaunchConfig {
+        grid_dim: (
+            to_u32("pair-tiled kernel: row tiles", sh.rows.div_ceil(tile))?,
+            to_u32("pair-tiled kernel: groups", sh.ngroups)?,
+            1,
+        ),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    })
 }
 
 /// Per-head scan inputs: `[dt, adt, lam, qk_raw]`, each `[rows, H]`.

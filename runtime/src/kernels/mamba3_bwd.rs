@@ -8,7 +8,8 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg as _};
 
 use super::launch::{self, BLOCK};
 use super::mamba3::{
-    BcParams, Mamba3Shape, ScanScalars, angle_blocks, check_scan_inputs, need, row_blocks,
+    BcParams, Mamba3Shape, ScanScalars, angle_blocks, check_scan_inputs, need, pair_tile_grid,
+    row_blocks, rows_per_pair_tile,
     scan_bwd_smem, scan_launch, thread_blocks, warp_blocks,
 };
 use super::precision::Compute;
@@ -235,17 +236,36 @@ pub fn scan_bwd<Q: Compute>(
     Ok(())
 }
 
-/// Largest `d_state` of [`rot_bcnorm_bwd`] (a lane keeps four pairs of
-/// per-group sums in registers; `M3_RB_MAX_PAIRS` in mamba3_bwd.cu).
+/// Largest `d_state` of the warp form of [`rot_bcnorm_bwd`] (a lane keeps
+/// four pairs of per-group sums in registers; `M3_RB_MAX_PAIRS` in
+/// mamba3_bwd.cu); the tiled form takes 64, 128, 256 and 512.
 pub const ROT_BCNORM_MAX_STATE: usize = 256;
 
-/// Rotation and B/C-norm backward in one pass: un-rotates `dq`/`dk` in
-/// place (adding the diagonal term's share; their column sums are the bias
-/// gradients), writes `dphi`, the B and C columns of `dproj` (the RMSNorm
-/// backward of the per-group sums over heads) and `contrib` `[B, C]`
-/// `[rows, G, N]` (whose column sums are the norm weight gradients). `fwd`
-/// is `[phi, dt, lam]`; the rotated q/k that `dphi` needs are rebuilt from
-/// `proj`, so no per-head q/k is read.
+/// Rows a thread of the tiled rotation/B-C-norm backward owns;
+/// `M3_RBT_ROWS` in mamba3_bwd.cu.
+const RBT_ROWS: usize = 4;
+
+/// Per-head gradients of the rotated queries and keys (from the scan),
+/// overwritten by [`rot_bcnorm_bwd`].
+pub struct RotGrads<'a> {
+    /// `dq` `[rows, H, N]`.
+    pub dq: &'a mut DeviceBuffer<f32>,
+    /// `dk` `[rows, H, N]`.
+    pub dk: &'a mut DeviceBuffer<f32>,
+}
+
+/// Rotation and B/C-norm backward: from `dq`/`dk` (with respect to the
+/// rotated q/k) writes `dphi`, the B and C columns of `dproj` (the RMSNorm
+/// backward of the per-group sums over heads), `contrib` `[B, C]`
+/// `[rows, G, N]` (whose column sums are the norm weight gradients) and the
+/// bias gradients `bias` `[dB_bias, dC_bias]` `[H, N]`; `dq`/`dk` are used
+/// as scratch. `fwd` is `[phi, dt, lam]`; the rotated q/k that `dphi` needs
+/// are rebuilt from `proj`, so no per-head q/k is read.
+///
+/// Where `d_state` allows, one tiled kernel also sums each tile's bias
+/// gradients and a column sum over the tiles finishes them; otherwise a
+/// warp per (row, group) un-rotates `dq`/`dk` in place and two column sums
+/// over all rows follow.
 #[allow(clippy::too_many_arguments)]
 pub fn rot_bcnorm_bwd(
     gpu: &Gpu,
@@ -255,13 +275,15 @@ pub fn rot_bcnorm_bwd(
     params: BcParams<'_>,
     fwd: [&DeviceBuffer<f32>; 3],
     dqkdot: &DeviceBuffer<f32>,
-    dq: &mut DeviceBuffer<f32>,
-    dk: &mut DeviceBuffer<f32>,
+    grads: RotGrads<'_>,
     dphi: &mut DeviceBuffer<f32>,
     dproj: &mut DeviceBuffer<f32>,
     contrib: [&mut DeviceBuffer<f32>; 2],
+    bias: [&mut DeviceBuffer<f32>; 2],
+    partials: &mut DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
-    if sh.d_state > ROT_BCNORM_MAX_STATE {
+    let tile = rows_per_pair_tile(sh.d_state, RBT_ROWS);
+    if tile.is_none() && sh.d_state > ROT_BCNORM_MAX_STATE {
         return Err(GpuError::ShapeLimit {
             what: "rotation/B-C norm backward: d_state",
             value: sh.d_state,
@@ -273,6 +295,7 @@ pub fn rot_bcnorm_bwd(
     let [bn, cn, bb, cb] = params;
     let [phi, dt, lam] = fwd;
     let [contrib_b, contrib_c] = contrib;
+    let RotGrads { dq, dk } = grads;
     let hn = sh.per_row(sh.nheads * sh.d_state)?;
     let rh = sh.per_row(sh.nheads)?;
     let hs = sh.per_row(sh.nheads * sh.angles)?;
@@ -294,7 +317,12 @@ pub fn rot_bcnorm_bwd(
     need(gpu, "rot_bcnorm_bwd: dproj", dproj, sh.per_row(sh.width)?)?;
     need(gpu, "rot_bcnorm_bwd: contrib_b", contrib_b, gn)?;
     need(gpu, "rot_bcnorm_bwd: contrib_c", contrib_c, gn)?;
-    let f = gpu.kernel("m3_rot_bcnorm_bwd_f32")?;
+    let name = if tile.is_some() {
+        "m3_rot_bcnorm_bwd_tiled_f32"
+    } else {
+        "m3_rot_bcnorm_bwd_f32"
+    };
+    let f = gpu.kernel(name)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(proj.slice()?).arg(rb.slice()?).arg(rc.slice()?);
     b.arg(bn.slice()?)
@@ -310,13 +338,33 @@ pub fn rot_bcnorm_bwd(
     b.arg(contrib_b.slice_mut()?)
         .arg(contrib_c.slice_mut()?)
         .arg(&d);
-    // SAFETY: one warp per (row, group) touches that row's slices of every
-    // buffer (the group's heads in dq/dk/dphi, its B/C columns of proj and
-    // dproj, its [G x N] contrib slice), all lengths checked above; d_state
-    // is at most ROT_BCNORM_MAX_STATE, the pairs a lane's registers hold.
-    unsafe { b.launch(warp_blocks(sh.rows * sh.ngroups)?) }
-        .during("launch m3_rot_bcnorm_bwd_f32")?;
-    Ok(())
+    let hn_cols = sh.nheads * sh.d_state;
+    let [db, dc] = bias;
+    let Some(tile) = tile else {
+        // SAFETY: one warp per (row, group) touches that row's slices of
+        // every buffer (the group's heads in dq/dk/dphi, its B/C columns of
+        // proj and dproj, its [G x N] contrib slice), all lengths checked
+        // above; d_state is at most ROT_BCNORM_MAX_STATE, the pairs a lane's
+        // registers hold.
+        unsafe { b.launch(warp_blocks(sh.rows * sh.ngroups)?) }
+            .during("launch m3_rot_bcnorm_bwd_f32")?;
+        colsum(gpu, dk, sh.rows, hn_cols, hn_cols, 0, partials, db)?;
+        return colsum(gpu, dq, sh.rows, hn_cols, hn_cols, 0, partials, dc);
+    };
+    let tiles = sh.rows.div_ceil(tile);
+    let cfg = pair_tile_grid(sh, tile)?;
+    // SAFETY: block (tile, g) reads and writes only the rows
+    // [tile * tile_rows, +tile_rows) below `rows` of every per-row buffer
+    // (the group's heads of dq/dk/dphi, its B/C columns of proj and dproj,
+    // its [G x N] slice of contrib), all lengths checked above; it writes
+    // the tile's bias sums over the tile's first row of dq/dk after a block
+    // barrier that follows every read of them; a thread per pair of the
+    // N / 2 (a whole number of warps dividing the block, rows_per_pair_tile).
+    unsafe { b.launch(cfg) }.during("launch m3_rot_bcnorm_bwd_tiled_f32")?;
+    // The tile sums sit every `tile` rows of dk/dq.
+    let ld = tile * hn_cols;
+    colsum(gpu, dk, tiles, hn_cols, ld, 0, partials, db)?;
+    colsum(gpu, dq, tiles, hn_cols, ld, 0, partials, dc)
 }
 
 /// Reverse cumsum of `dphi` over time, in place.
@@ -497,12 +545,10 @@ pub fn colsum(
             have: ld,
         });
     }
-    need(
-        gpu,
-        "colsum: x",
-        x,
-        crate::device::checked_elems("colsum: rows x ld", rows, ld)?,
-    )?;
+    // The last row ends at (rows - 1) * ld + off + cols, which may be short
+    // of rows * ld (the strided sums of rot_bcnorm_bwd).
+    let last = crate::device::checked_elems("colsum: rows x ld", rows.saturating_sub(1), ld)?;
+    need(gpu, "colsum: x", x, last.saturating_add(off + cols))?;
     need(gpu, "colsum: out", out, cols)?;
     let (per, splits, vec) = colsum_plan(rows, cols, ld, off, x.device_addr().is_multiple_of(16));
     let d = M3Colsum {

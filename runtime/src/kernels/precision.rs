@@ -35,6 +35,8 @@ pub trait Compute: Element + sealed::Sealed {
     const TENSOR_CORE_SCAN: bool;
     /// `m3_qk_fwd_*`: rotated q/k stored in this type.
     const QK_FWD: &'static str;
+    /// `m3_qk_fwd_tiled_*`: the tiled form of [`Compute::QK_FWD`].
+    const QK_FWD_TILED: &'static str;
     /// The scalar scan's forward kernel reading q/k in this type.
     const SCAN_FWD: &'static str;
     /// The scalar scan's backward kernel reading q/k in this type.
@@ -92,6 +94,7 @@ impl Compute for f32 {
     // The f32 step is held to the f64 oracle at 1e-4; bf16 products are not.
     const TENSOR_CORE_SCAN: bool = false;
     const QK_FWD: &'static str = "m3_qk_fwd_f32";
+    const QK_FWD_TILED: &'static str = "m3_qk_fwd_tiled_f32";
     const SCAN_FWD: &'static str = "m3_scan_fwd_f32";
     const SCAN_BWD: &'static str = "m3_scan_bwd_f32";
 
@@ -149,6 +152,7 @@ impl Compute for bf16 {
     const GATE_FWD: &'static str = "m3_gate_fwd_bf16";
     const TENSOR_CORE_SCAN: bool = true;
     const QK_FWD: &'static str = "m3_qk_fwd_bf16qk";
+    const QK_FWD_TILED: &'static str = "m3_qk_fwd_tiled_bf16qk";
     const SCAN_FWD: &'static str = "m3_scan_fwd_bf16qk";
     const SCAN_BWD: &'static str = "m3_scan_bwd_bf16qk";
 

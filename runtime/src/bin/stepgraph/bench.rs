@@ -84,7 +84,7 @@ fn run_inner(args: &Args) -> Result<(), BenchError> {
         let cfg = configs
             .first()
             .ok_or(BenchError::Option("--first-step needs a --config"))?;
-        let r = bench::cold::first_step(cfg, args.vocab)?;
+        let r = bench::cold::first_step(cfg, args.vocab, precision)?;
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());
     }
@@ -92,7 +92,7 @@ fn run_inner(args: &Args) -> Result<(), BenchError> {
         let exe = std::env::current_exe().map_err(BenchError::CurrentExe)?;
         let mut runs = Vec::new();
         for cfg in &configs {
-            let r = bench::cold::cold_start(&exe, &cfg.name)?;
+            let r = bench::cold::cold_start(&exe, &cfg.name, precision)?;
             if !args.json {
                 print!("{}", r.table());
             }

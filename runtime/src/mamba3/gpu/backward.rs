@@ -293,15 +293,14 @@ fn mixer_backward<T: Compute>(
         [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
         [&la.phi, &la.dt, &la.lam],
         dqkdot,
-        dq,
-        dk,
+        kb::RotGrads { dq, dk },
         dphi,
         dproj,
         [&mut *contrib, &mut *contrib_c],
+        [&mut lg.b_bias, &mut lg.c_bias],
+        partials,
     )?;
     probe.enter(gpu, E, "colsum (param grads)")?;
-    kb::colsum(gpu, dk, rows, nh * n, nh * n, 0, partials, &mut lg.b_bias)?;
-    kb::colsum(gpu, dq, rows, nh * n, nh * n, 0, partials, &mut lg.c_bias)?;
     kb::colsum(gpu, contrib, rows * ng, n, n, 0, partials, &mut lg.b_norm)?;
     kb::colsum(gpu, contrib_c, rows * ng, n, n, 0, partials, &mut lg.c_norm)?;
 
