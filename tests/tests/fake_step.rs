@@ -5,7 +5,7 @@
 
 use stepgraph::TrainingGraph;
 use stepgraph::graph::testing::{FakeBackend, FakeError, FakePtrs};
-use stepgraph::graph::{GraphError, MovePolicy, Replayed, ShapeKey};
+use stepgraph::graph::{GraphError, MovePolicy, Replayed, ShapeKey, TrainingStep};
 
 mod ops {
     use super::*;
@@ -233,4 +233,40 @@ fn step_info_mirrors_the_spec() {
         .collect();
     assert_eq!(written, ["weights", "adam", "acts", "loss"]);
     assert_eq!(FakeGraph::<FakeBackend>::INFO.scratch, ["reduce_partials"]);
+}
+
+/// What an engine or a bench does with any derived step, written once
+/// against the trait the derive implements.
+fn drive<S: TrainingStep>(ctx: &S::Context, s: &mut S, replays: usize) -> Result<(), GraphError> {
+    s.run_eager(ctx)?;
+    let g = s.capture(ctx, SHAPE)?;
+    for _ in 0..replays {
+        s.replay(ctx, &g)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn the_derived_step_is_a_training_step() {
+    let ctx = FakeBackend::with_scratch(&["reduce_partials"], 256);
+    let mut s = step();
+    drive(&ctx, &mut s, 3).unwrap();
+    assert_eq!((ctx.uploads(), ctx.launches()), (1, 3));
+    assert_eq!(<Step as TrainingStep>::INFO.name, Step::STEP.name);
+
+    // Through the trait, a moved buffer is refused exactly as by the graph.
+    let mut g = <Step as TrainingStep>::capture(&mut s, &ctx, SHAPE).unwrap();
+    s.weights.move_tensor(0);
+    assert!(matches!(
+        s.replay(&ctx, &g),
+        Err(GraphError::PointerMoved {
+            buffer: "weights",
+            ..
+        })
+    ));
+    g = g.with_policy(MovePolicy::Recapture);
+    assert!(matches!(
+        s.replay_or_recapture(&ctx, &mut g),
+        Ok(Replayed::Recaptured { .. })
+    ));
 }

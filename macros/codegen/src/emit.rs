@@ -15,8 +15,9 @@ pub(crate) fn emit(m: &StepModel<'_>) -> TokenStream {
     let info = emit_info(m);
     let views = emit_views(m);
     let graph = emit_graph(m);
+    let step = emit_training_step(m);
     let asserts = emit_asserts(m);
-    quote! { #info #views #graph #asserts }
+    quote! { #info #views #graph #step #asserts }
 }
 
 fn role_tokens(r: Role) -> TokenStream {
@@ -393,6 +394,37 @@ fn emit_graph(m: &StepModel<'_>) -> TokenStream {
             }
         }
 
+    }
+}
+
+/// `impl TrainingStep for Step`: the one trait engines and benches take, so
+/// they need no adapter per step.
+fn emit_training_step(m: &StepModel<'_>) -> TokenStream {
+    let (graph, ctx, info) = (&m.graph, &m.context, &m.info);
+    let ident = &m.input.ident;
+    let (impl_g, ty_g, where_c) = m.input.generics.split_for_impl();
+    quote! {
+        impl #impl_g ::stepgraph::graph::TrainingStep for #ident #ty_g #where_c {
+            type Context = #ctx;
+            type Graph = #graph<#ctx>;
+            const INFO: ::stepgraph::graph::StepInfo = #info;
+
+            fn run_eager(&mut self, ctx: &#ctx) -> ::core::result::Result<(), ::stepgraph::graph::GraphError> {
+                self.capture_view().run_eager(ctx)
+            }
+
+            fn capture(&mut self, ctx: &#ctx, shape: ::stepgraph::graph::ShapeKey) -> ::core::result::Result<Self::Graph, ::stepgraph::graph::GraphError> {
+                <#graph<#ctx>>::capture(ctx, self.capture_view(), shape)
+            }
+
+            fn replay(&self, ctx: &#ctx, graph: &Self::Graph) -> ::core::result::Result<(), ::stepgraph::graph::GraphError> {
+                graph.replay(ctx, self.replay_view())
+            }
+
+            fn replay_or_recapture(&mut self, ctx: &#ctx, graph: &mut Self::Graph) -> ::core::result::Result<::stepgraph::graph::Replayed, ::stepgraph::graph::GraphError> {
+                graph.replay_or_recapture(ctx, self.capture_view())
+            }
+        }
     }
 }
 

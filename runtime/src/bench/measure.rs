@@ -10,17 +10,16 @@ use rand::{Rng as _, SeedableRng as _};
 use rand_chacha::ChaCha8Rng;
 
 use crate::device::{DeviceBuffer, Gpu, GpuError};
-use crate::graph::{GraphError, ShapeKey};
+use crate::graph::{ShapeKey, TrainingStep};
 use crate::kernels::mamba3::Mamba3Shape;
 use crate::mamba3::gpu::{
-    Acts, Bf16Step, F32Step, Family, Grads, Mamba3Bf16Graph, Mamba3F32Graph, Mamba3GpuError,
-    MixedWeights, StepWeights, Weights, backward, backward_mixed, backward_probed, forward,
-    forward_mixed, forward_probed,
+    Acts, Bf16Step, F32Step, Family, Grads, Mamba3GpuError, MixedWeights, StepWeights, Weights,
+    backward, backward_mixed, backward_probed, forward, forward_mixed, forward_probed,
 };
 use crate::mamba3::{Mamba3Config, cpu};
 use crate::optim::{AdamWConfig, DecayPolicy};
 
-use super::backbone::{BackboneBf16Graph, BackboneBf16Step, BackboneGraph, BackboneStep};
+use super::backbone::{BackboneBf16Step, BackboneStep};
 use super::flops::{param_count, step_flops};
 use super::layer::{OpSample, Timed};
 use super::report::{
@@ -44,11 +43,9 @@ pub struct Parts<'a, W: StepWeights> {
 }
 
 /// A full training step the bench can build, run, capture and take apart.
-pub trait BenchStep: Sized {
+pub trait BenchStep: TrainingStep<Context = Gpu> + Sized {
     /// Its weights.
     type W: StepWeights;
-    /// Its captured graph.
-    type Graph;
     /// Bytes per element of a GEMM operand (4 in f32, 2 in bf16).
     const OPERAND_BYTES: u64;
     /// Builds the step from CPU weights.
@@ -61,12 +58,6 @@ pub trait BenchStep: Sized {
     ) -> Result<Self, Mamba3GpuError>;
     /// Uploads a token window.
     fn tokens(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<(), Mamba3GpuError>;
-    /// One eager step.
-    fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError>;
-    /// Captures the step.
-    fn capture(&mut self, gpu: &Gpu, key: ShapeKey) -> Result<Self::Graph, GraphError>;
-    /// Replays a capture.
-    fn replay(&self, graph: &Self::Graph, gpu: &Gpu) -> Result<(), GraphError>;
     /// The buffers.
     fn parts(&mut self) -> Parts<'_, Self::W>;
     /// The step's own forward op.
@@ -76,9 +67,7 @@ pub trait BenchStep: Sized {
 }
 
 /// A backbone-only step the bench can build, run and capture.
-pub trait BenchBackbone: Sized {
-    /// Its captured graph.
-    type Graph;
+pub trait BenchBackbone: TrainingStep<Context = Gpu> + Sized {
     /// Builds it with random activations and upstream gradient.
     fn build(
         gpu: &Gpu,
@@ -87,19 +76,12 @@ pub trait BenchBackbone: Sized {
         len: usize,
         seed: u64,
     ) -> Result<Self, Mamba3GpuError>;
-    /// One eager step.
-    fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError>;
-    /// Captures the step.
-    fn capture(&mut self, gpu: &Gpu, key: ShapeKey) -> Result<Self::Graph, GraphError>;
-    /// Replays a capture.
-    fn replay(&self, graph: &Self::Graph, gpu: &Gpu) -> Result<(), GraphError>;
 }
 
 macro_rules! full_step {
-    ($step:ty, $w:ty, $graph:ty, $bytes:expr, $fwd:path, $bwd:path) => {
+    ($step:ty, $w:ty, $bytes:expr, $fwd:path, $bwd:path) => {
         impl BenchStep for $step {
             type W = $w;
-            type Graph = $graph;
             const OPERAND_BYTES: u64 = $bytes;
             fn build(
                 gpu: &Gpu,
@@ -113,15 +95,6 @@ macro_rules! full_step {
             }
             fn tokens(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<(), Mamba3GpuError> {
                 self.set_tokens(gpu, ids)
-            }
-            fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError> {
-                self.run_eager(gpu)
-            }
-            fn capture(&mut self, gpu: &Gpu, key: ShapeKey) -> Result<$graph, GraphError> {
-                <$graph>::capture(gpu, self.capture_view(), key)
-            }
-            fn replay(&self, graph: &$graph, gpu: &Gpu) -> Result<(), GraphError> {
-                graph.replay(gpu, self.replay_view())
             }
             fn parts(&mut self) -> Parts<'_, $w> {
                 Parts {
@@ -154,20 +127,12 @@ macro_rules! full_step {
     };
 }
 
-full_step!(F32Step, Weights, Mamba3F32Graph, 4, forward, backward);
-full_step!(
-    Bf16Step,
-    MixedWeights,
-    Mamba3Bf16Graph,
-    2,
-    forward_mixed,
-    backward_mixed
-);
+full_step!(F32Step, Weights, 4, forward, backward);
+full_step!(Bf16Step, MixedWeights, 2, forward_mixed, backward_mixed);
 
 macro_rules! backbone_step {
-    ($step:ty, $graph:ty) => {
+    ($step:ty) => {
         impl BenchBackbone for $step {
-            type Graph = $graph;
             fn build(
                 gpu: &Gpu,
                 cfg: &Mamba3Config,
@@ -177,21 +142,12 @@ macro_rules! backbone_step {
             ) -> Result<Self, Mamba3GpuError> {
                 <$step>::new(gpu, cfg, batch, len, seed)
             }
-            fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError> {
-                self.run_eager(gpu)
-            }
-            fn capture(&mut self, gpu: &Gpu, key: ShapeKey) -> Result<$graph, GraphError> {
-                <$graph>::capture(gpu, self.capture_view(), key)
-            }
-            fn replay(&self, graph: &$graph, gpu: &Gpu) -> Result<(), GraphError> {
-                graph.replay(gpu, self.replay_view())
-            }
         }
     };
 }
 
-backbone_step!(BackboneStep, BackboneGraph);
-backbone_step!(BackboneBf16Step, BackboneBf16Graph);
+backbone_step!(BackboneStep);
+backbone_step!(BackboneBf16Step);
 
 /// The f32 bench: the full f32 step and the f32 backbone step.
 pub fn bench_f32(
@@ -318,7 +274,7 @@ pub fn bench_with<S: BenchStep, B: BenchBackbone>(
     let mut peak = base + full_bytes;
 
     // One eager step, timed, sizes the rest against the budget.
-    let first = time_reps(gpu, 1, 1, || step.eager(gpu))?;
+    let first = time_reps(gpu, 1, 1, || step.run_eager(gpu))?;
     let passes = 4 * (opts.warmup + opts.steps) + 3 * opts.breakdown_reps + 4;
     // Budget arithmetic on small counts; f64 is exact here.
     #[allow(clippy::cast_precision_loss)]
@@ -330,13 +286,13 @@ pub fn bench_with<S: BenchStep, B: BenchBackbone>(
         ));
     }
 
-    let eager = time_reps(gpu, opts.warmup, opts.steps, || step.eager(gpu))?;
+    let eager = time_reps(gpu, opts.warmup, opts.steps, || step.run_eager(gpu))?;
     let key = ShapeKey {
         batch,
         seq_len: len,
     };
     let graph = step.capture(gpu, key)?;
-    let replay = time_reps(gpu, opts.warmup, opts.steps, || step.replay(&graph, gpu))?;
+    let replay = time_reps(gpu, opts.warmup, opts.steps, || step.replay(gpu, &graph))?;
     drop(graph);
     let (breakdown, replica_ok) = breakdown(gpu, &mut step, opts.breakdown_reps, eager.median_ms)?;
     peak = peak.max(w(used_bytes(gpu)?));
@@ -345,9 +301,9 @@ pub fn bench_with<S: BenchStep, B: BenchBackbone>(
     let base_bb = w(used_bytes(gpu)?);
     let mut bb = B::build(gpu, &model, batch, len, SEED)?;
     let bb_bytes = w(used_bytes(gpu)?).saturating_sub(base_bb);
-    let bb_eager = time_reps(gpu, opts.warmup, opts.steps, || bb.eager(gpu))?;
+    let bb_eager = time_reps(gpu, opts.warmup, opts.steps, || bb.run_eager(gpu))?;
     let bb_graph = bb.capture(gpu, key)?;
-    let bb_replay = time_reps(gpu, opts.warmup, opts.steps, || bb.replay(&bb_graph, gpu))?;
+    let bb_replay = time_reps(gpu, opts.warmup, opts.steps, || bb.replay(gpu, &bb_graph))?;
     peak = peak.max(w(used_bytes(gpu)?));
     drop(bb_graph);
     drop(bb);

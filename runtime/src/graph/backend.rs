@@ -8,8 +8,8 @@
 
 use std::error::Error as StdError;
 
-use super::error::CaptureViolation;
-use super::ptrs::{DevicePtr, TensorPath};
+use super::error::GraphError;
+use super::ptrs::{DevicePtr, DevicePtrs, TensorPath};
 use stepgraph_spec::{Access, Precision, Role};
 
 /// An execution context that can capture, instantiate and launch graphs.
@@ -49,26 +49,6 @@ pub trait Backend {
     fn launch(&self, exec: &Self::Exec) -> Result<(), Self::Error>;
 }
 
-/// Errors that spec ops may return.
-///
-/// Anything `std::error::Error + Send + Sync` qualifies; an error type that can
-/// carry a [`CaptureViolation`] exposes it here so the generated code reports it
-/// as [`GraphError::CaptureViolation`](super::GraphError::CaptureViolation).
-pub trait OpError: StdError + Send + Sync + 'static {
-    /// The capture violation this error reports, if it is one.
-    fn capture_violation(&self) -> Option<&CaptureViolation> {
-        None
-    }
-}
-
-impl OpError for CaptureViolation {
-    fn capture_violation(&self) -> Option<&CaptureViolation> {
-        Some(self)
-    }
-}
-
-impl OpError for std::convert::Infallible {}
-
 /// What to do when a replay finds that a buffer moved or changed shape.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MovePolicy {
@@ -87,7 +67,7 @@ pub enum Replayed {
     /// The graph was stale; it was captured again and launched.
     Recaptured {
         /// Why the old graph was refused.
-        reason: super::GraphError,
+        reason: GraphError,
     },
 }
 
@@ -138,4 +118,24 @@ pub struct OpInfo {
     pub path: &'static str,
     /// Buffer arguments in call order.
     pub args: &'static [(&'static str, Access)],
+}
+
+/// A context-owned scratch area seen through [`DevicePtrs`], so it is
+/// snapshotted and guarded exactly like a step buffer.
+pub struct ScratchPtrs<'a, B: ?Sized> {
+    backend: &'a B,
+    name: &'static str,
+}
+
+impl<'a, B: Backend + ?Sized> ScratchPtrs<'a, B> {
+    /// The scratch area `name` of `backend`.
+    pub fn new(backend: &'a B, name: &'static str) -> Self {
+        Self { backend, name }
+    }
+}
+
+impl<B: Backend + ?Sized> DevicePtrs for ScratchPtrs<'_, B> {
+    fn visit_ptrs(&self, path: &TensorPath<'_>, visit: &mut dyn FnMut(&TensorPath<'_>, DevicePtr)) {
+        self.backend.visit_scratch(self.name, path, visit);
+    }
 }

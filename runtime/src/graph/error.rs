@@ -7,8 +7,6 @@
 
 use std::error::Error as StdError;
 
-use super::backend::OpError;
-
 /// Why a capture or replay was refused. A refused replay launched nothing.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -166,3 +164,23 @@ pub struct CaptureViolation {
     /// What was attempted: `allocate`, `copy to the host`, `synchronize`, ...
     pub action: &'static str,
 }
+
+/// Errors that spec ops may return.
+///
+/// Anything `std::error::Error + Send + Sync` qualifies; an error type that can
+/// carry a [`CaptureViolation`] exposes it here so the generated code reports it
+/// as [`GraphError::CaptureViolation`].
+pub trait OpError: StdError + Send + Sync + 'static {
+    /// The capture violation this error reports, if it is one.
+    fn capture_violation(&self) -> Option<&CaptureViolation> {
+        None
+    }
+}
+
+impl OpError for CaptureViolation {
+    fn capture_violation(&self) -> Option<&CaptureViolation> {
+        Some(self)
+    }
+}
+
+impl OpError for std::convert::Infallible {}

@@ -11,16 +11,25 @@
 //! * [`Backend`] is the capture/launch interface the generated code drives; the
 //!   CUDA context implements it, and [`testing::FakeBackend`] implements it on the
 //!   host so the generated guard tests run without a GPU;
-//! * [`GraphError`] is what a refused capture or replay returns.
+//! * [`GraphError`] is what a refused capture or replay returns;
+//! * [`TrainingStep`] is the trait every derived step implements, so engines
+//!   and benches take any step without adapters.
+//!
+//! The files import in a line, never back: `error` (no imports) <- `ptrs`
+//! <- `backend` <- `step` <- `testing`.
 
 mod backend;
 mod error;
 mod ptrs;
+mod step;
 pub mod testing;
 
-pub use backend::{Backend, BufferInfo, MovePolicy, OpError, OpInfo, Replayed, ShapeKey, StepInfo};
-pub use error::{CaptureViolation, GraphError};
-pub use ptrs::{DevicePtr, DevicePtrs, PtrSnapshot, ScratchPtrs, TensorPath};
+pub use backend::{
+    Backend, BufferInfo, MovePolicy, OpInfo, Replayed, ScratchPtrs, ShapeKey, StepInfo,
+};
+pub use error::{CaptureViolation, GraphError, OpError};
+pub use ptrs::{DevicePtr, DevicePtrs, PtrSnapshot, TensorPath};
+pub use step::TrainingStep;
 pub use stepgraph_spec::{Access, Precision, Role};
 
 /// Compile-time proof that a step struct's field has the type its spec declares.

@@ -7,7 +7,6 @@
 
 use std::fmt;
 
-use super::backend::Backend;
 use super::error::GraphError;
 
 /// One allocation as a captured kernel sees it: its address and its size.
@@ -227,25 +226,5 @@ impl PtrSnapshot {
             }),
             None => Ok(()),
         }
-    }
-}
-
-/// A context-owned scratch area seen through [`DevicePtrs`], so it is
-/// snapshotted and guarded exactly like a step buffer.
-pub struct ScratchPtrs<'a, B: ?Sized> {
-    backend: &'a B,
-    name: &'static str,
-}
-
-impl<'a, B: Backend + ?Sized> ScratchPtrs<'a, B> {
-    /// The scratch area `name` of `backend`.
-    pub fn new(backend: &'a B, name: &'static str) -> Self {
-        Self { backend, name }
-    }
-}
-
-impl<B: Backend + ?Sized> DevicePtrs for ScratchPtrs<'_, B> {
-    fn visit_ptrs(&self, path: &TensorPath<'_>, visit: &mut dyn FnMut(&TensorPath<'_>, DevicePtr)) {
-        self.backend.visit_scratch(self.name, path, visit);
     }
 }

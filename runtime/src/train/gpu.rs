@@ -29,13 +29,13 @@ use super::engine::{
 };
 use super::schedule::LrSchedule;
 use crate::device::{DeviceBuffer, Gpu, PinnedBuffer};
-use crate::graph::{GraphError, ShapeKey};
+use crate::graph::{ShapeKey, TrainingStep};
 use crate::kernels::train as kt;
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu::{Weights, check_weights};
 use crate::mamba3::gpu::{
-    Acts, Bf16Step, F32Step, Mamba3Bf16Graph, Mamba3F32Graph, Mamba3GpuError, MixedActs, forward,
-    forward_mixed, sync_master_to_compute,
+    Acts, Bf16Step, F32Step, Mamba3GpuError, MixedActs, forward, forward_mixed,
+    sync_master_to_compute,
 };
 use crate::optim::gpu::{AdamWState, StepScalars};
 use crate::optim::step_control::{FrozenSlice, StepControl, loss_weights_for, report};
@@ -46,9 +46,7 @@ const EVAL_SHAPES: usize = 8;
 
 /// What the engine needs of a graph-captured step (`F32Step`, `Bf16Step`):
 /// one engine body serves both precisions.
-pub trait GraphStep: Sized {
-    /// The captured graph.
-    type Graph;
+pub trait GraphStep: TrainingStep<Context = Gpu> + Sized {
     /// Activations of an eval forward pass.
     type EvalActs;
     /// `f32` or `bf16`.
@@ -63,12 +61,6 @@ pub trait GraphStep: Sized {
         batch: usize,
         seq_len: usize,
     ) -> Result<Self, Mamba3GpuError>;
-    /// Captures the step's graph.
-    fn capture(&mut self, gpu: &Gpu, shape: ShapeKey) -> Result<Self::Graph, GraphError>;
-    /// One guarded replay.
-    fn replay(&self, graph: &Self::Graph, gpu: &Gpu) -> Result<(), GraphError>;
-    /// The same ops, eagerly.
-    fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError>;
     /// f32 master weights.
     fn master(&self) -> &crate::mamba3::gpu::Weights;
     /// f32 master weights, mutably.
@@ -106,9 +98,8 @@ pub trait GraphStep: Sized {
 /// Implements [`GraphStep`] for a derived step; the two steps differ only in
 /// their types and the forward op.
 macro_rules! graph_step {
-    ($step:ty, $graph:ty, $acts:ty, $prec:literal, $fwd:path, $master:path, $sync:path) => {
+    ($step:ty, $acts:ty, $prec:literal, $fwd:path, $master:path, $sync:path) => {
         impl GraphStep for $step {
-            type Graph = $graph;
             type EvalActs = $acts;
             const PRECISION: &'static str = $prec;
 
@@ -122,18 +113,6 @@ macro_rules! graph_step {
                 seq_len: usize,
             ) -> Result<Self, Mamba3GpuError> {
                 <$step>::new(gpu, cfg, weights, adamw, policy, batch, seq_len)
-            }
-
-            fn capture(&mut self, gpu: &Gpu, shape: ShapeKey) -> Result<$graph, GraphError> {
-                <$graph>::capture(gpu, self.capture_view(), shape)
-            }
-
-            fn replay(&self, graph: &$graph, gpu: &Gpu) -> Result<(), GraphError> {
-                graph.replay(gpu, self.replay_view())
-            }
-
-            fn eager(&mut self, gpu: &Gpu) -> Result<(), GraphError> {
-                self.run_eager(gpu)
             }
 
             fn master(&self) -> &crate::mamba3::gpu::Weights {
@@ -190,18 +169,9 @@ macro_rules! graph_step {
     };
 }
 
-graph_step!(
-    F32Step,
-    Mamba3F32Graph,
-    Acts,
-    "f32",
-    forward,
-    own_master,
-    nothing_derived
-);
+graph_step!(F32Step, Acts, "f32", forward, own_master, nothing_derived);
 graph_step!(
     Bf16Step,
-    Mamba3Bf16Graph,
     MixedActs,
     "bf16",
     forward_mixed,
@@ -351,7 +321,7 @@ impl<S: GraphStep> GpuEngine<S> {
     /// compare the two); the same ops, in spec order.
     pub fn step_eager(&mut self) -> Result<(), EngineError> {
         self.take_staged()?;
-        self.step.eager(&self.gpu)?;
+        self.step.run_eager(&self.gpu)?;
         self.after_step()
     }
 
@@ -498,7 +468,7 @@ impl<S: GraphStep> TrainEngine for GpuEngine<S> {
 
     fn step(&mut self) -> Result<(), EngineError> {
         self.take_staged()?;
-        self.step.replay(&self.graph, &self.gpu)?;
+        self.step.replay(&self.gpu, &self.graph)?;
         self.after_step()
     }
 
