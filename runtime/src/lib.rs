@@ -12,6 +12,8 @@
 //! * [`kernels`]: the embedded CUDA kernels and their typed launch wrappers;
 //! * [`mamba3`]: the Mamba-3 SISO language model (CPU float64 oracle first);
 //! * [`optim`]: AdamW with torch semantics;
+//! * [`step`]: the training step the specs describe, one struct for both
+//!   precisions, joining model and optimizer;
 //! * [`train`]: data, the step-engine seam, the CPU engine, checkpoints and
 //!   the training loop behind `stepgraph train`;
 //! * [`bench`]: step time, tokens/s, MFU and cold start behind `stepgraph bench`.
@@ -27,6 +29,8 @@ pub mod graph;
 pub mod kernels;
 pub mod mamba3;
 pub mod optim;
+pub mod step;
 pub mod train;
 
+pub use graph::Precision;
 pub use stepgraph_macros::{DevicePtrs, TrainingGraph};

@@ -5,6 +5,7 @@
 
 use std::process::Command;
 
+use stepgraph::Precision;
 use stepgraph::bench::layer::{Family, OpSample};
 use stepgraph::bench::measure::{estimate_bytes, summarize};
 use stepgraph::bench::report::{
@@ -12,7 +13,7 @@ use stepgraph::bench::report::{
 };
 use stepgraph::bench::timing::{Ceiling, Stats};
 use stepgraph::bench::{
-    BenchConfig, BenchReport, ConfigOutcome, ConfigReport, Precision, StepFlops, step_flops,
+    BenchConfig, BenchReport, ConfigOutcome, ConfigReport, StepFlops, step_flops,
 };
 
 fn preset(name: &str) -> BenchConfig {

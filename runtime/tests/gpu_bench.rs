@@ -7,8 +7,9 @@
 
 use std::path::Path;
 
+use stepgraph::Precision;
 use stepgraph::bench::cold::cold_start;
-use stepgraph::bench::{BenchConfig, BenchOptions, ConfigOutcome, Precision, run_on, runner_for};
+use stepgraph::bench::{BenchConfig, BenchOptions, ConfigOutcome, run_on, runner_for};
 use stepgraph::device::Gpu;
 
 #[test]

@@ -23,7 +23,8 @@ use stepgraph::kernels::mamba3::{self as k, Mamba3Shape};
 use stepgraph::kernels::mamba3_bwd::{self as kb, ScanGrads};
 use stepgraph::kernels::mamba3_chunk as kc;
 use stepgraph::mamba3::Mamba3Config;
-use stepgraph::mamba3::gpu::{F32Step, forward};
+use stepgraph::mamba3::gpu::forward;
+use stepgraph::step::F32Step;
 
 fn step(gpu: &Gpu, cfg: &Mamba3Config, batch: usize, len: usize, seed: u64) -> F32Step {
     let mut s = random_f32_step(gpu, cfg, batch, len, seed);

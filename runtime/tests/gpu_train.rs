@@ -12,15 +12,17 @@ mod gpu_common;
 use std::sync::MutexGuard;
 
 use stepgraph::device::Gpu;
+use stepgraph::graph::TrainingStep;
 use stepgraph::mamba3::Mamba3Config;
 use stepgraph::mamba3::cpu::Weights;
-use stepgraph::mamba3::gpu::{Bf16Step, F32Step};
+use stepgraph::mamba3::gpu::ModelCompute;
 use stepgraph::optim::{AdamWConfig, DecayPolicy};
+use stepgraph::step::Mamba3Step;
 use stepgraph::train::data::{Batch, DataSpec, Dataset, Task};
 use stepgraph::train::run::rotation_rows;
 use stepgraph::train::{
-    CpuEngine, EngineState, GpuEngine, GpuF32Engine, GraphStep, LrSchedule, OptimSettings,
-    StepMetrics, TrainEngine,
+    CpuEngine, EngineState, GpuEngine, GpuF32Engine, LrSchedule, OptimSettings, StepMetrics,
+    TrainEngine,
 };
 
 fn cfg() -> Mamba3Config {
@@ -87,17 +89,20 @@ fn gpu_engine(
     rows: usize,
     width: usize,
 ) -> GpuF32Engine {
-    engine_of::<F32Step>(gpu, w, s, rows, width)
+    engine_of::<f32>(gpu, w, s, rows, width)
 }
 
-fn engine_of<S: GraphStep>(
+fn engine_of<P: ModelCompute>(
     gpu: Gpu,
     w: &Weights<f32>,
     s: &OptimSettings,
     rows: usize,
     width: usize,
-) -> GpuEngine<S> {
-    let mut e = GpuEngine::<S>::new(gpu, cfg(), w, s, rows, width).expect("gpu engine");
+) -> GpuEngine<P>
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
+    let mut e = GpuEngine::<P>::new(gpu, cfg(), w, s, rows, width).expect("gpu engine");
     e.set_schedule(SCHEDULE);
     e
 }
@@ -323,19 +328,22 @@ fn frozen_slices_never_move() {
 }
 
 /// N steps straight equal N/2, export, a fresh engine importing, N/2.
-fn resume_case<S: GraphStep>() {
+fn resume_case<P: ModelCompute>()
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
     let w = Weights::<f32>::init(&cfg(), 16).expect("weights");
     let (batches, width) = parity(8, 8, 9);
     let s = settings(Some(0.5));
     let straight = {
         let (gpu, _lock) = context();
-        let mut e = engine_of::<S>(gpu, &w, &s, 8, width);
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
         let m = run(&mut e, &batches);
         (m, e.export_state().unwrap())
     };
     let half = {
         let (gpu, _lock) = context();
-        let mut e = engine_of::<S>(gpu, &w, &s, 8, width);
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
         run(&mut e, &batches[..4]);
         e.export_state().unwrap()
     };
@@ -343,7 +351,7 @@ fn resume_case<S: GraphStep>() {
         let (gpu, _lock) = context();
         // Other weights: everything must come from the imported state.
         let other = Weights::<f32>::init(&cfg(), 99).expect("weights");
-        let mut e = engine_of::<S>(gpu, &other, &s, 8, width);
+        let mut e = engine_of::<P>(gpu, &other, &s, 8, width);
         e.import_state(half).unwrap();
         let m = run(&mut e, &batches[4..]);
         (m, e.export_state().unwrap())
@@ -357,18 +365,21 @@ fn resume_case<S: GraphStep>() {
 }
 
 /// Ten replayed steps equal ten eager ones, metrics and state, bit for bit.
-fn replay_case<S: GraphStep>() {
+fn replay_case<P: ModelCompute>()
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
     let w = Weights::<f32>::init(&cfg(), 17).expect("weights");
     let (batches, width) = parity(10, 8, 10);
     let s = settings(Some(0.5));
     let replayed = {
         let (gpu, _lock) = context();
-        let mut e = engine_of::<S>(gpu, &w, &s, 8, width);
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
         (run(&mut e, &batches), e.export_state().unwrap())
     };
     let eager = {
         let (gpu, _lock) = context();
-        let mut e = engine_of::<S>(gpu, &w, &s, 8, width);
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
         let m: Vec<StepMetrics> = batches
             .iter()
             .map(|b| {
@@ -386,25 +397,25 @@ fn replay_case<S: GraphStep>() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn resume_is_bit_identical() {
-    resume_case::<F32Step>();
+    resume_case::<f32>();
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replay_matches_eager_bit_for_bit() {
-    replay_case::<F32Step>();
+    replay_case::<f32>();
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bf16_resume_is_bit_identical() {
-    resume_case::<Bf16Step>();
+    resume_case::<half::bf16>();
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bf16_graph_replay_matches_eager_bit_for_bit() {
-    replay_case::<Bf16Step>();
+    replay_case::<half::bf16>();
 }
 
 #[test]
@@ -415,11 +426,11 @@ fn bf16_engine_tracks_the_f32_engine() {
     let s = settings(Some(1.0));
     let m32 = {
         let (gpu, _lock) = context();
-        run(&mut engine_of::<F32Step>(gpu, &w, &s, 16, width), &batches)
+        run(&mut engine_of::<f32>(gpu, &w, &s, 16, width), &batches)
     };
     let (m16, info) = {
         let (gpu, _lock) = context();
-        let mut e = engine_of::<Bf16Step>(gpu, &w, &s, 16, width);
+        let mut e = engine_of::<half::bf16>(gpu, &w, &s, 16, width);
         (run(&mut e, &batches), e.info())
     };
     assert_eq!(info.precision, "bf16");

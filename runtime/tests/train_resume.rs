@@ -5,14 +5,15 @@
 
 use std::path::Path;
 
+use stepgraph::Precision;
 use stepgraph::mamba3::cpu::Weights;
 use stepgraph::mamba3::{AActivation, Mamba3Config};
 use stepgraph::train::checkpoint::{self, TrainState};
 use stepgraph::train::data::{DataSpec, Task};
 use stepgraph::train::report::ProgressMode;
 use stepgraph::train::{
-    Decay, Device, EngineState, ModelSize, Precision, Resume, RunConfig, RunStatus, Setting, Stop,
-    TrainError, TrainOptions, train,
+    Decay, Device, EngineState, ModelSize, Resume, RunConfig, RunStatus, Setting, Stop, TrainError,
+    TrainOptions, train,
 };
 
 fn run_config(steps: u64) -> RunConfig {

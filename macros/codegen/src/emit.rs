@@ -85,8 +85,11 @@ fn emit_info(m: &StepModel<'_>) -> TokenStream {
 fn emit_views(m: &StepModel<'_>) -> TokenStream {
     let vis = &m.input.vis;
     let (capture, replay, name, ctx, info) = (&m.capture, &m.replay, &m.name, &m.context, &m.info);
-    let ident = &m.input.ident;
-    let (impl_g, ty_g, where_c) = m.input.generics.split_for_impl();
+    let (impl_g, self_ty, where_c) = (
+        &m.self_impl.impl_generics,
+        &m.self_impl.self_ty,
+        &m.self_impl.where_clause,
+    );
 
     let cap_fields = m.buffers.iter().map(|b| {
         let (f, ty) = (&b.ident, &b.ty);
@@ -196,7 +199,7 @@ fn emit_views(m: &StepModel<'_>) -> TokenStream {
             }
         }
 
-        impl #impl_g #ident #ty_g #where_c {
+        impl #impl_g #self_ty #where_c {
             /// The step as declared in its spec.
             pub const STEP: ::stepgraph::graph::StepInfo = #info;
 
@@ -401,10 +404,13 @@ fn emit_graph(m: &StepModel<'_>) -> TokenStream {
 /// they need no adapter per step.
 fn emit_training_step(m: &StepModel<'_>) -> TokenStream {
     let (graph, ctx, info) = (&m.graph, &m.context, &m.info);
-    let ident = &m.input.ident;
-    let (impl_g, ty_g, where_c) = m.input.generics.split_for_impl();
+    let (impl_g, self_ty, where_c) = (
+        &m.self_impl.impl_generics,
+        &m.self_impl.self_ty,
+        &m.self_impl.where_clause,
+    );
     quote! {
-        impl #impl_g ::stepgraph::graph::TrainingStep for #ident #ty_g #where_c {
+        impl #impl_g ::stepgraph::graph::TrainingStep for #self_ty #where_c {
             type Context = #ctx;
             type Graph = #graph<#ctx>;
             const INFO: ::stepgraph::graph::StepInfo = #info;
@@ -431,6 +437,9 @@ fn emit_training_step(m: &StepModel<'_>) -> TokenStream {
 /// Compile-time checks spanned on the user's code: each field has its spec
 /// type and lists its allocations.
 fn emit_asserts(m: &StepModel<'_>) -> TokenStream {
+    if m.self_impl.instantiated {
+        return emit_instance_asserts(m);
+    }
     let checks = m.buffers.iter().map(|b| {
         let (fty, sty) = (&b.field_ty, &b.ty);
         let span = syn::spanned::Spanned::span(&b.field_ty);
@@ -451,6 +460,39 @@ fn emit_asserts(m: &StepModel<'_>) -> TokenStream {
             fn __check() {
                 #(#checks)*
                 #ctx_check
+            }
+        };
+    }
+}
+
+/// The same checks for one instantiation of a generic struct: the field
+/// types mention the struct's type parameters, which are not in scope in a
+/// free function, so each field is checked through a value of the
+/// instantiated struct.
+fn emit_instance_asserts(m: &StepModel<'_>) -> TokenStream {
+    let (impl_g, self_ty) = (&m.self_impl.impl_generics, &m.self_impl.self_ty);
+    let checks = m.buffers.iter().map(|b| {
+        let (f, sty) = (&b.ident, &b.ty);
+        let span = syn::spanned::Spanned::span(&b.field_ty);
+        let place = match b.hold {
+            Hold::Owned => quote_spanned!(span=> &s.#f),
+            Hold::Shared | Hold::Exclusive => quote_spanned!(span=> &*s.#f),
+        };
+        quote_spanned! {span=>
+            __same::<_, #sty>(#place);
+            __ptrs(#place);
+        }
+    });
+    let ctx = &m.context;
+    quote! {
+        const _: () = {
+            fn __same<A: ?::core::marker::Sized + ::stepgraph::graph::SameType<B>, B: ?::core::marker::Sized>(_: &A) {}
+            fn __ptrs<A: ?::core::marker::Sized + ::stepgraph::graph::DevicePtrs>(_: &A) {}
+            fn __backend<A: ::stepgraph::graph::Backend>() {}
+            #[allow(dead_code)]
+            fn __check #impl_g (s: &#self_ty) {
+                #(#checks)*
+                __backend::<#ctx>();
             }
         };
     }

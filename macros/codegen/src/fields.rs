@@ -46,6 +46,9 @@ pub(crate) struct OpModel {
 
 pub(crate) struct StepModel<'a> {
     pub input: &'a DeriveInput,
+    /// How the generated impls name the struct: its own generics, or, for a
+    /// generic struct instantiated by `with(..)`, the bound types.
+    pub self_impl: SelfImpl,
     pub name: String,
     pub capture: Ident,
     pub replay: Ident,
@@ -57,6 +60,90 @@ pub(crate) struct StepModel<'a> {
     pub buffers: Vec<Buf>,
     pub scratch: Vec<String>,
     pub ops: Vec<OpModel>,
+}
+
+/// The pieces of `impl<..> Trait for Step<..> where ..` for one spec.
+pub(crate) struct SelfImpl {
+    /// `<'a, ..>` after `impl`.
+    pub impl_generics: TokenStream,
+    /// `Step<'a, f32>`.
+    pub self_ty: TokenStream,
+    /// The struct's where clause (none for an instantiation).
+    pub where_clause: TokenStream,
+    /// True when type parameters were bound by `with(..)`: the field types
+    /// then mention parameters that are not in scope in a free function, so
+    /// the field checks go through a value of the instantiated struct.
+    pub instantiated: bool,
+}
+
+/// Splits the struct's generics for the generated impls, substituting the
+/// attribute's `with(..)` bindings; reports unbound or unknown parameters.
+fn self_impl(input: &DeriveInput, attr: &GraphAttr, errors: &mut Vec<syn::Error>) -> SelfImpl {
+    let ident = &input.ident;
+    if attr.bindings.is_empty() {
+        if let Some(p) = input.generics.type_params().next() {
+            errors.push(syn::Error::new(
+                p.span(),
+                "step structs cannot have type parameters unless each spec binds them: \
+                 #[graph(spec = \"...\", with(P = f32))]",
+            ));
+        }
+        let (i, t, w) = input.generics.split_for_impl();
+        return SelfImpl {
+            impl_generics: quote::quote!(#i),
+            self_ty: quote::quote!(#ident #t),
+            where_clause: quote::quote!(#w),
+            instantiated: false,
+        };
+    }
+    for (param, _) in &attr.bindings {
+        if !input.generics.type_params().any(|p| p.ident == *param) {
+            errors.push(syn::Error::new(
+                param.span(),
+                format!("`{param}` is not a type parameter of `{ident}`"),
+            ));
+        }
+    }
+    let lifetimes: Vec<_> = input.generics.lifetimes().collect();
+    let args: Vec<TokenStream> = input
+        .generics
+        .params
+        .iter()
+        .map(|p| match p {
+            syn::GenericParam::Lifetime(l) => {
+                let l = &l.lifetime;
+                quote::quote!(#l)
+            }
+            syn::GenericParam::Type(t) => match attr.bindings.iter().find(|(b, _)| *b == t.ident) {
+                Some((_, ty)) => quote::quote!(#ty),
+                None => {
+                    errors.push(syn::Error::new(
+                        t.ident.span(),
+                        format!(
+                            "spec {} does not bind type parameter `{}`; add it to its `with(..)`",
+                            attr.shown(),
+                            t.ident
+                        ),
+                    ));
+                    quote::quote!(())
+                }
+            },
+            syn::GenericParam::Const(c) => {
+                let c = &c.ident;
+                quote::quote!(#c)
+            }
+        })
+        .collect();
+    SelfImpl {
+        impl_generics: if lifetimes.is_empty() {
+            TokenStream::new()
+        } else {
+            quote::quote!(<#(#lifetimes),*>)
+        },
+        self_ty: quote::quote!(#ident<#(#args),*>),
+        where_clause: TokenStream::new(),
+        instantiated: true,
+    }
 }
 
 /// Parses spec-provided Rust text as tokens located on the attribute, so that
@@ -131,12 +218,7 @@ pub(crate) fn match_struct<'a>(
             ));
         }
     };
-    if let Some(p) = input.generics.type_params().next() {
-        errors.push(syn::Error::new(
-            p.span(),
-            "step structs cannot have type parameters: the spec fixes every buffer type",
-        ));
-    }
+    let self_impl = self_impl(input, attr, &mut errors);
     if let Some(p) = input.generics.const_params().next() {
         errors.push(syn::Error::new(
             p.span(),
@@ -294,6 +376,7 @@ pub(crate) fn match_struct<'a>(
         context.ok_or_else(|| syn::Error::new(at, "unreachable: context checked above"))?;
     Ok(StepModel {
         input,
+        self_impl,
         capture: ident("Capture"),
         replay: ident("Replay"),
         graph: ident("Graph"),

@@ -22,22 +22,30 @@ use syn::{DeriveInput, parse_macro_input};
 #[proc_macro_derive(TrainingGraph, attributes(graph))]
 pub fn derive_training_graph(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
-    let attr = match GraphAttr::parse(&input) {
+    let attrs = match GraphAttr::parse_all(&input) {
         Ok(a) => a,
         Err(e) => return e.to_compile_error().into(),
     };
+    // One set of items per spec: a generic struct names one spec per
+    // instantiation.
+    let mut out = proc_macro2::TokenStream::new();
+    for attr in &attrs {
+        out.extend(expand_one(&input, attr));
+    }
+    out.into()
+}
+
+fn expand_one(input: &DeriveInput, attr: &GraphAttr) -> proc_macro2::TokenStream {
     let (shown, src, include) = match &attr.source {
         SpecSource::Inline(lit) => ("<inline spec>".to_owned(), lit.value(), None),
         SpecSource::Path(lit) => match resolve(lit) {
             Ok((path, src)) => (lit.value(), src, Some(path.display().to_string())),
-            Err(e) => return e.to_compile_error().into(),
+            Err(e) => return e.to_compile_error(),
         },
     };
     match Spec::parse(&shown, &src) {
-        Ok(spec) => stepgraph_codegen::expand(&input, &attr, &spec, include.as_deref()).into(),
-        Err(diags) => {
-            stepgraph_codegen::spec_errors(&diags.rendered(), &attr, include.as_deref()).into()
-        }
+        Ok(spec) => stepgraph_codegen::expand(input, attr, &spec, include.as_deref()),
+        Err(diags) => stepgraph_codegen::spec_errors(&diags.rendered(), attr, include.as_deref()),
     }
 }
 

@@ -5,14 +5,11 @@
 //! loss: the shape of the peers' measurements in issue 8, so the numbers
 //! compare like for like.
 //!
-//! The steps are derived from their specs like the full steps, so their
-//! graphs are captured and guarded by the same generated code; the ops run
-//! the full step's own block loops ([`blocks_forward`], [`blocks_backward`]),
-//! generic over the weights' compute type.
-
-// The generated capture constructor takes the context plus one argument per
-// spec buffer; that is the spec's shape.
-#![allow(clippy::too_many_arguments)]
+//! One struct, [`Backbone<P>`], generic over the compute type like the full
+//! step and instantiated by both specs, so its graphs are captured and
+//! guarded by the same generated code; the ops run the full step's own
+//! block loops ([`blocks_forward`], [`blocks_backward`]), generic over the
+//! weights' compute type.
 
 use rand::{Rng as _, SeedableRng as _};
 use rand_chacha::ChaCha8Rng;
@@ -22,46 +19,28 @@ use crate::device::{DeviceBuffer, Gpu};
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu;
 use crate::mamba3::gpu::{
-    Acts, Grads, Mamba3GpuError, MixedActs, MixedWeights, NoProbe, StepWeights, Weights,
-    blocks_backward, blocks_forward, presize_staging,
+    Acts, Grads, Mamba3GpuError, ModelCompute, NoProbe, StepWeights, blocks_backward,
+    blocks_forward, presize_staging,
 };
 use crate::optim::gpu::{AdamWState, StepScalars};
 use crate::optim::{AdamWConfig, DecayPolicy};
 
-/// The f32 backbone step's buffers.
+/// The backbone step's buffers at compute type `P`.
 #[derive(Debug, TrainingGraph)]
-#[graph(spec = "backbone.ron")]
-pub struct BackboneStep {
-    /// Trainable parameters (embedding and head present but unused).
-    pub weights: Weights,
+#[graph(spec = "backbone.ron", with(P = f32))]
+#[graph(spec = "backbone_bf16.ron", with(P = half::bf16))]
+pub struct Backbone<P: ModelCompute> {
+    /// Trainable parameters (embedding and head present but unused): f32
+    /// masters, and in bf16 their GEMM copies.
+    pub weights: P::Weights,
     /// AdamW moments.
     pub adam: AdamWState,
     /// Device-side schedule scalars.
     pub sched: StepScalars,
     /// Gradients and backward working memory.
     pub grads: Grads,
-    /// Forward activations.
-    pub acts: Acts,
-    /// Residual stream entering block 0 `[rows, d_model]`.
-    pub input: DeviceBuffer<f32>,
-    /// Gradient at the last block's output `[rows, d_model]`.
-    pub upstream: DeviceBuffer<f32>,
-}
-
-/// The bf16 mixed-precision backbone step's buffers.
-#[derive(Debug, TrainingGraph)]
-#[graph(spec = "backbone_bf16.ron")]
-pub struct BackboneBf16Step {
-    /// f32 masters and bf16 GEMM copies.
-    pub weights: MixedWeights,
-    /// AdamW moments (f32).
-    pub adam: AdamWState,
-    /// Device-side schedule scalars.
-    pub sched: StepScalars,
-    /// f32 gradients and backward working memory.
-    pub grads: Grads,
-    /// Forward activations (bf16 GEMM operands).
-    pub acts: MixedActs,
+    /// Forward activations (GEMM operands in `P`).
+    pub acts: Acts<DeviceBuffer<P>>,
     /// Residual stream entering block 0 `[rows, d_model]`.
     pub input: DeviceBuffer<f32>,
     /// Gradient at the last block's output `[rows, d_model]`.
@@ -82,8 +61,10 @@ fn random_inputs(
     let scale = 1.0 / f64::from(u32::try_from(rows).unwrap_or(u32::MAX).max(1));
     let upstream: Vec<f32> = (0..n)
         .map(|_| {
-            // Statistics-scale values; f64 -> f32 rounding is intended.
-            #[allow(clippy::cast_possible_truncation)]
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "statistics-scale values; f64 -> f32 rounding is intended"
+            )]
             let v = (rng.random_range(-1.0..1.0) * scale) as f32;
             v
         })
@@ -91,8 +72,9 @@ fn random_inputs(
     Ok([gpu.to_device(&input)?, gpu.to_device(&upstream)?])
 }
 
-impl BackboneStep {
-    /// Official-init weights from `seed` and random input and upstream gradient.
+impl<P: ModelCompute> Backbone<P> {
+    /// Official-init weights from `seed`, random input and upstream
+    /// gradient, and `half_staging` presized for the shape (bf16).
     pub fn new(
         gpu: &Gpu,
         cfg: &Mamba3Config,
@@ -101,36 +83,11 @@ impl BackboneStep {
         seed: u64,
     ) -> Result<Self, Mamba3GpuError> {
         let w = cpu::Weights::<f32>::init(cfg, seed)?;
-        let acts = Acts::new(gpu, cfg, batch, seq_len)?;
+        let acts = Acts::<DeviceBuffer<P>>::new(gpu, cfg, batch, seq_len)?;
+        presize_staging::<P>(gpu, &acts.shape)?;
         let [input, upstream] = random_inputs(gpu, acts.shape.rows, cfg.d_model, seed)?;
         Ok(Self {
-            weights: Weights::upload(gpu, cfg, &w)?,
-            adam: AdamWState::new(gpu, cfg, &DecayPolicy::default())?,
-            sched: StepScalars::new(gpu, &AdamWConfig::default())?,
-            grads: Grads::new(gpu, cfg, batch, seq_len)?,
-            acts,
-            input,
-            upstream,
-        })
-    }
-}
-
-impl BackboneBf16Step {
-    /// As [`BackboneStep::new`], with bf16 GEMM copies and `half_staging`
-    /// presized for the shape.
-    pub fn new(
-        gpu: &Gpu,
-        cfg: &Mamba3Config,
-        batch: usize,
-        seq_len: usize,
-        seed: u64,
-    ) -> Result<Self, Mamba3GpuError> {
-        let w = cpu::Weights::<f32>::init(cfg, seed)?;
-        let acts = MixedActs::new(gpu, cfg, batch, seq_len)?;
-        presize_staging::<half::bf16>(gpu, &acts.shape)?;
-        let [input, upstream] = random_inputs(gpu, acts.shape.rows, cfg.d_model, seed)?;
-        Ok(Self {
-            weights: MixedWeights::upload(gpu, cfg, &w)?,
+            weights: P::Weights::upload(gpu, cfg, &w)?,
             adam: AdamWState::new(gpu, cfg, &DecayPolicy::default())?,
             sched: StepScalars::new(gpu, &AdamWConfig::default())?,
             grads: Grads::new(gpu, cfg, batch, seq_len)?,

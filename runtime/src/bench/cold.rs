@@ -17,12 +17,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::nvrtc::{CACHE_ENV, CacheOutcome};
 use crate::device::{Gpu, GpuOptions};
-use crate::graph::ShapeKey;
+use crate::graph::{ShapeKey, TrainingStep};
 use crate::mamba3::cpu;
-use crate::mamba3::gpu::{Bf16Step, F32Step, Mamba3Bf16Graph, Mamba3F32Graph, Mamba3GpuError};
+use crate::mamba3::gpu::{Mamba3GpuError, ModelCompute};
 use crate::optim::{AdamWConfig, DecayPolicy};
+use crate::step::Mamba3Step;
+use crate::{Precision, mamba3::Mamba3Config};
 
-use super::{BenchConfig, BenchError, Precision};
+use super::{BenchConfig, BenchError};
 
 /// Phases of one first step, measured inside the process (milliseconds).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -94,43 +96,18 @@ pub fn first_step(
     let ids: Vec<i32> = (0..cfg.batch * (cfg.seq_len + 1))
         .map(|i| i32::try_from(i % 251).unwrap_or(0) % vocab_i)
         .collect();
-    let (adamw, policy) = (AdamWConfig::default(), DecayPolicy::default());
     let key = ShapeKey {
         batch: cfg.batch,
         seq_len: cfg.seq_len,
     };
+    let built = (t1, &model, &weights, ids.as_slice(), key);
     let (build_ms, first_step_ms, capture_ms) = match precision {
-        Precision::F32 => {
-            let mut step = F32Step::new(
-                &gpu, &model, &weights, &adamw, &policy, cfg.batch, cfg.seq_len,
-            )?;
-            step.set_tokens(&gpu, &ids)?;
-            phases(
-                &gpu,
-                t1,
-                &mut step,
-                |s| Ok(s.run_eager(&gpu).map(|()| s.loss(&gpu))??),
-                |s| {
-                    let g = Mamba3F32Graph::capture(&gpu, s.capture_view(), key)?;
-                    Ok(g.replay(&gpu, s.replay_view())?)
-                },
-            )?
-        }
-        Precision::Bf16 => {
-            let mut step = Bf16Step::new(
-                &gpu, &model, &weights, &adamw, &policy, cfg.batch, cfg.seq_len,
-            )?;
-            step.set_tokens(&gpu, &ids)?;
-            phases(
-                &gpu,
-                t1,
-                &mut step,
-                |s| Ok(s.run_eager(&gpu).map(|()| s.loss(&gpu))??),
-                |s| {
-                    let g = Mamba3Bf16Graph::capture(&gpu, s.capture_view(), key)?;
-                    Ok(g.replay(&gpu, s.replay_view())?)
-                },
-            )?
+        Precision::F32 => phases::<f32>(&gpu, built)?,
+        Precision::Bf16 => phases::<half::bf16>(&gpu, built)?,
+        Precision::F64 => {
+            return Err(BenchError::Option(
+                "--precision f64: the GPU steps compute in f32 or bf16",
+            ));
         }
     };
     Ok(FirstStep {
@@ -146,26 +123,43 @@ pub fn first_step(
     })
 }
 
-/// Times a built step's phases: the build (from `t1`, after a synchronize),
-/// the first eager step up to its loss on the host, and the capture with
-/// its first replay. A non-finite first loss is an error.
-fn phases<S>(
+/// What [`phases`] builds a step from: the start of the build, the model,
+/// its weights, the token window and the capture's shape.
+type Build<'a> = (
+    Instant,
+    &'a Mamba3Config,
+    &'a cpu::Weights<f32>,
+    &'a [i32],
+    ShapeKey,
+);
+
+/// Builds the step at compute type `P` and times its phases: the build
+/// (from `t1`, after a synchronize), the first eager step up to its loss on
+/// the host, and the capture with its first replay. A non-finite first loss
+/// is an error.
+fn phases<P: ModelCompute>(
     gpu: &Gpu,
-    t1: Instant,
-    step: &mut S,
-    eager: impl FnOnce(&mut S) -> Result<f32, BenchError>,
-    capture_and_replay: impl FnOnce(&mut S) -> Result<(), BenchError>,
-) -> Result<(f64, f64, f64), BenchError> {
+    (t1, model, weights, ids, key): Build<'_>,
+) -> Result<(f64, f64, f64), BenchError>
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
+    let (adamw, policy) = (AdamWConfig::default(), DecayPolicy::default());
+    let mut step =
+        Mamba3Step::<P>::new(gpu, model, weights, &adamw, &policy, key.batch, key.seq_len)?;
+    step.set_tokens(gpu, ids)?;
     gpu.synchronize()?;
     let build_ms = ms_since(t1);
     let t2 = Instant::now();
-    let loss = eager(step)?;
+    step.run_eager(gpu)?;
+    let loss = step.loss(gpu)?;
     let first_step_ms = ms_since(t2);
     if !loss.is_finite() {
         return Err(BenchError::FirstStepLoss(loss));
     }
     let t3 = Instant::now();
-    capture_and_replay(step)?;
+    let graph = step.capture(gpu, key)?;
+    step.replay(gpu, &graph)?;
     gpu.synchronize()?;
     Ok((build_ms, first_step_ms, ms_since(t3)))
 }
@@ -179,7 +173,7 @@ fn child(
     let t = Instant::now();
     let out = Command::new(exe)
         .args(["bench", "--first-step", "--config", config])
-        .args(["--precision", precision.label()])
+        .args(["--precision", precision.name()])
         .env(CACHE_ENV, cache)
         .output()
         .map_err(|source| BenchError::Spawn {
@@ -224,11 +218,7 @@ fn fresh_cache_dir() -> Result<PathBuf, BenchError> {
 
 /// Runs `exe bench --first-step` twice for `config`: with an empty kernel
 /// cache, then with the one it filled. The cache is removed afterwards.
-pub fn cold_start(
-    exe: &Path,
-    config: &str,
-    precision: Precision,
-) -> Result<ColdStart, BenchError> {
+pub fn cold_start(exe: &Path, config: &str, precision: Precision) -> Result<ColdStart, BenchError> {
     let dir = fresh_cache_dir()?;
     let run = || child(exe, &dir, config, precision);
     let runs = run().and_then(|cold| Ok((cold, run()?)));
@@ -250,7 +240,7 @@ impl ColdStart {
             s,
             "first training step of a fresh process, config {} ({}):",
             self.config,
-            self.cold.phases.precision.label()
+            self.cold.phases.precision.name()
         );
         let _ = writeln!(
             s,

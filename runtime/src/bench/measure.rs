@@ -1,25 +1,29 @@
 //! The bench of one configuration at one precision: full LM step and
 //! backbone step, eager and graph, the per-op breakdown (the step's own
 //! forward and backward bodies with a timing probe), and memory.
-//! [`BenchStep`] and [`BenchBackbone`] are what a precision supplies;
-//! [`bench_with`] is the same for both.
+//! [`bench_with`] is one body for both precisions: it drives
+//! [`Mamba3Step<P>`] and [`Backbone<P>`] through
+//! [`TrainingStep`](crate::graph::TrainingStep), as the derive implements it.
 
 use std::collections::BTreeMap;
 
 use rand::{Rng as _, SeedableRng as _};
 use rand_chacha::ChaCha8Rng;
 
+use half::bf16;
+
 use crate::device::{DeviceBuffer, Gpu, GpuError};
 use crate::graph::{ShapeKey, TrainingStep};
 use crate::kernels::mamba3::Mamba3Shape;
 use crate::mamba3::gpu::{
-    Acts, Bf16Step, F32Step, Family, Grads, Mamba3GpuError, MixedWeights, StepWeights, Weights,
-    backward, backward_mixed, backward_probed, forward, forward_mixed, forward_probed,
+    Family, Mamba3GpuError, ModelCompute, backward, backward_probed, forward, forward_probed,
 };
 use crate::mamba3::{Mamba3Config, cpu};
 use crate::optim::{AdamWConfig, DecayPolicy};
 
-use super::backbone::{BackboneBf16Step, BackboneStep};
+use crate::step::Mamba3Step;
+
+use super::backbone::Backbone;
 use super::flops::{param_count, step_flops};
 use super::layer::{OpSample, Timed};
 use super::report::{
@@ -28,127 +32,6 @@ use super::report::{
 use super::timing::{Ceiling, Stats, free_bytes, time_reps, used_bytes};
 use super::{BenchConfig, BenchError, BenchOptions};
 
-/// The buffers of a full step the bench reaches into.
-pub struct Parts<'a, W: StepWeights> {
-    /// Weights (masters and compute copies).
-    pub weights: &'a W,
-    /// Token window.
-    pub tokens: &'a DeviceBuffer<i32>,
-    /// Forward activations.
-    pub acts: &'a mut Acts<DeviceBuffer<W::T>>,
-    /// Loss.
-    pub loss: &'a mut DeviceBuffer<f32>,
-    /// Gradients.
-    pub grads: &'a mut Grads,
-}
-
-/// A full training step the bench can build, run, capture and take apart.
-pub trait BenchStep: TrainingStep<Context = Gpu> + Sized {
-    /// Its weights.
-    type W: StepWeights;
-    /// Bytes per element of a GEMM operand (4 in f32, 2 in bf16).
-    const OPERAND_BYTES: u64;
-    /// Builds the step from CPU weights.
-    fn build(
-        gpu: &Gpu,
-        cfg: &Mamba3Config,
-        w: &cpu::Weights<f32>,
-        batch: usize,
-        len: usize,
-    ) -> Result<Self, Mamba3GpuError>;
-    /// Uploads a token window.
-    fn tokens(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<(), Mamba3GpuError>;
-    /// The buffers.
-    fn parts(&mut self) -> Parts<'_, Self::W>;
-    /// The step's own forward op.
-    fn forward_op(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError>;
-    /// The step's own backward op.
-    fn backward_op(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError>;
-}
-
-/// A backbone-only step the bench can build, run and capture.
-pub trait BenchBackbone: TrainingStep<Context = Gpu> + Sized {
-    /// Builds it with random activations and upstream gradient.
-    fn build(
-        gpu: &Gpu,
-        cfg: &Mamba3Config,
-        batch: usize,
-        len: usize,
-        seed: u64,
-    ) -> Result<Self, Mamba3GpuError>;
-}
-
-macro_rules! full_step {
-    ($step:ty, $w:ty, $bytes:expr, $fwd:path, $bwd:path) => {
-        impl BenchStep for $step {
-            type W = $w;
-            const OPERAND_BYTES: u64 = $bytes;
-            fn build(
-                gpu: &Gpu,
-                cfg: &Mamba3Config,
-                w: &cpu::Weights<f32>,
-                batch: usize,
-                len: usize,
-            ) -> Result<Self, Mamba3GpuError> {
-                let (a, p) = (AdamWConfig::default(), DecayPolicy::default());
-                <$step>::new(gpu, cfg, w, &a, &p, batch, len)
-            }
-            fn tokens(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<(), Mamba3GpuError> {
-                self.set_tokens(gpu, ids)
-            }
-            fn parts(&mut self) -> Parts<'_, $w> {
-                Parts {
-                    weights: &self.weights,
-                    tokens: &self.tokens,
-                    acts: &mut self.acts,
-                    loss: &mut self.loss,
-                    grads: &mut self.grads,
-                }
-            }
-            fn forward_op(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError> {
-                $fwd(
-                    gpu,
-                    &self.weights,
-                    &self.tokens,
-                    &mut self.acts,
-                    &mut self.loss,
-                )
-            }
-            fn backward_op(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError> {
-                $bwd(
-                    gpu,
-                    &self.weights,
-                    &self.tokens,
-                    &self.acts,
-                    &mut self.grads,
-                )
-            }
-        }
-    };
-}
-
-full_step!(F32Step, Weights, 4, forward, backward);
-full_step!(Bf16Step, MixedWeights, 2, forward_mixed, backward_mixed);
-
-macro_rules! backbone_step {
-    ($step:ty) => {
-        impl BenchBackbone for $step {
-            fn build(
-                gpu: &Gpu,
-                cfg: &Mamba3Config,
-                batch: usize,
-                len: usize,
-                seed: u64,
-            ) -> Result<Self, Mamba3GpuError> {
-                <$step>::new(gpu, cfg, batch, len, seed)
-            }
-        }
-    };
-}
-
-backbone_step!(BackboneStep);
-backbone_step!(BackboneBf16Step);
-
 /// The f32 bench: the full f32 step and the f32 backbone step.
 pub fn bench_f32(
     gpu: &Gpu,
@@ -156,7 +39,7 @@ pub fn bench_f32(
     opts: &BenchOptions,
     ceiling: &Ceiling,
 ) -> Result<ConfigOutcome, BenchError> {
-    bench_with::<F32Step, BackboneStep>(gpu, cfg, opts, ceiling)
+    bench_with::<f32>(gpu, cfg, opts, ceiling)
 }
 
 /// The bf16 bench: the mixed-precision full and backbone steps.
@@ -166,7 +49,7 @@ pub fn bench_bf16(
     opts: &BenchOptions,
     ceiling: &Ceiling,
 ) -> Result<ConfigOutcome, BenchError> {
-    bench_with::<Bf16Step, BackboneBf16Step>(gpu, cfg, opts, ceiling)
+    bench_with::<bf16>(gpu, cfg, opts, ceiling)
 }
 
 const SEED: u64 = 0x00be_4c00;
@@ -223,13 +106,18 @@ fn is_out_of_memory(e: &Mamba3GpuError) -> bool {
     t.contains("out_of_memory") || t.contains("out of memory")
 }
 
-/// Benchmarks `cfg` with full step `S` and backbone step `B`.
-pub fn bench_with<S: BenchStep, B: BenchBackbone>(
+/// Benchmarks `cfg` with the full step and the backbone step at compute
+/// type `P`; both are driven through [`TrainingStep`] only.
+pub fn bench_with<P: ModelCompute>(
     gpu: &Gpu,
     cfg: &BenchConfig,
     opts: &BenchOptions,
     ceiling: &Ceiling,
-) -> Result<ConfigOutcome, BenchError> {
+) -> Result<ConfigOutcome, BenchError>
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+    Backbone<P>: TrainingStep<Context = Gpu>,
+{
     let model = cfg.model(opts.vocab);
     model.validate().map_err(Mamba3GpuError::from)?;
     let shape = Shape::of(cfg, opts.vocab);
@@ -241,7 +129,7 @@ pub fn bench_with<S: BenchStep, B: BenchBackbone>(
         }))
     };
     let (batch, len) = (cfg.batch, cfg.seq_len);
-    let estimate = estimate_bytes(&model, batch, len, S::OPERAND_BYTES);
+    let estimate = estimate_bytes(&model, batch, len, u64::from(P::PRECISION.operand_bytes()));
     let free = w(free_bytes(gpu)?);
     // Planning only: the fraction of free memory a config may take.
     #[allow(
@@ -260,7 +148,8 @@ pub fn bench_with<S: BenchStep, B: BenchBackbone>(
 
     let base = w(used_bytes(gpu)?);
     let weights = cpu::Weights::<f32>::init(&model, SEED).map_err(Mamba3GpuError::from)?;
-    let built = S::build(gpu, &model, &weights, batch, len);
+    let (adamw, decay) = (AdamWConfig::default(), DecayPolicy::default());
+    let built = Mamba3Step::<P>::new(gpu, &model, &weights, &adamw, &decay, batch, len);
     drop(weights);
     let mut step = match built {
         Ok(s) => s,
@@ -269,7 +158,7 @@ pub fn bench_with<S: BenchStep, B: BenchBackbone>(
         }
         Err(e) => return Err(e.into()),
     };
-    step.tokens(gpu, &random_tokens(&model, batch, len))?;
+    step.set_tokens(gpu, &random_tokens(&model, batch, len))?;
     let full_bytes = w(used_bytes(gpu)?).saturating_sub(base);
     let mut peak = base + full_bytes;
 
@@ -299,7 +188,7 @@ pub fn bench_with<S: BenchStep, B: BenchBackbone>(
     drop(step);
 
     let base_bb = w(used_bytes(gpu)?);
-    let mut bb = B::build(gpu, &model, batch, len, SEED)?;
+    let mut bb = Backbone::<P>::new(gpu, &model, batch, len, SEED)?;
     let bb_bytes = w(used_bytes(gpu)?).saturating_sub(base_bb);
     let bb_eager = time_reps(gpu, opts.warmup, opts.steps, || bb.run_eager(gpu))?;
     let bb_graph = bb.capture(gpu, key)?;
@@ -347,12 +236,15 @@ fn bits(gpu: &Gpu, b: &DeviceBuffer<f32>) -> Result<Vec<u32>, GpuError> {
 }
 
 /// The loss and the first block's `in_proj` gradient, as bits.
-fn snapshot<W: StepWeights>(gpu: &Gpu, pt: Parts<'_, W>) -> Result<(Vec<u32>, Vec<u32>), GpuError> {
-    let grad = match pt.grads.params.layers.first() {
+fn snapshot<P: ModelCompute>(
+    gpu: &Gpu,
+    s: &Mamba3Step<P>,
+) -> Result<(Vec<u32>, Vec<u32>), GpuError> {
+    let grad = match s.grads.params.layers.first() {
         Some(l) => bits(gpu, &l.in_proj)?,
         None => Vec::new(),
     };
-    Ok((bits(gpu, pt.loss)?, grad))
+    Ok((bits(gpu, &s.loss)?, grad))
 }
 
 /// `reps` passes of the step's `forward` and `backward` bodies with every op
@@ -366,26 +258,25 @@ fn snapshot<W: StepWeights>(gpu: &Gpu, pt: Parts<'_, W>) -> Result<(Vec<u32>, Ve
 /// Also returns whether the timed pass and the step's own ops, on the same
 /// weights and tokens, left the same loss and first-block `in_proj`
 /// gradient, bit for bit: the probe only records events, so they must.
-fn breakdown<S: BenchStep>(
+fn breakdown<P: ModelCompute>(
     gpu: &Gpu,
-    s: &mut S,
+    s: &mut Mamba3Step<P>,
     reps: usize,
     eager_ms: f64,
 ) -> Result<(Breakdown, bool), BenchError> {
     let mut passes: Vec<Vec<OpSample>> = Vec::with_capacity(reps);
     for _ in 0..reps {
         let mut p = Timed::new(gpu)?;
-        let pt = s.parts();
-        forward_probed(gpu, pt.weights, pt.tokens, pt.acts, pt.loss, &mut p)?;
-        backward_probed(gpu, pt.weights, pt.tokens, pt.acts, pt.grads, &mut p)?;
+        forward_probed(gpu, &s.weights, &s.tokens, &mut s.acts, &mut s.loss, &mut p)?;
+        backward_probed(gpu, &s.weights, &s.tokens, &s.acts, &mut s.grads, &mut p)?;
         passes.push(p.finish(gpu)?);
     }
-    let probed = snapshot(gpu, s.parts())?;
+    let probed = snapshot(gpu, s)?;
     let fwd_bwd = time_reps(gpu, 1, reps.max(1), || -> Result<(), Mamba3GpuError> {
-        s.forward_op(gpu)?;
-        s.backward_op(gpu)
+        forward(gpu, &s.weights, &s.tokens, &mut s.acts, &mut s.loss)?;
+        backward(gpu, &s.weights, &s.tokens, &s.acts, &mut s.grads)
     })?;
-    let same_bits = reps == 0 || probed == snapshot(gpu, s.parts())?;
+    let same_bits = reps == 0 || probed == snapshot(gpu, s)?;
     // Statistics: the rest of the step as one sample per pass.
     #[allow(clippy::cast_possible_truncation)]
     let rest = (eager_ms - fwd_bwd.median_ms).max(0.0) as f32;

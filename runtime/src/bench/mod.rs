@@ -36,6 +36,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use crate::Precision;
 use crate::device::{Gpu, GpuError};
 use crate::graph::GraphError;
 use crate::mamba3::gpu::Mamba3GpuError;
@@ -119,26 +120,6 @@ pub enum BenchError {
     },
 }
 
-/// Compute precision of the benchmarked step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// The f32 step (`specs/mamba3_f32.ron`).
-    F32,
-    /// The bf16 mixed-precision step (`specs/mamba3_bf16.ron`).
-    Bf16,
-}
-
-impl Precision {
-    /// The name the CLI and the reports use (`f32`, `bf16`).
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-        }
-    }
-}
-
 /// How the bench runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchOptions {
@@ -190,6 +171,9 @@ pub fn runner_for(precision: Precision) -> Result<StepBench, BenchError> {
     match precision {
         Precision::F32 => Ok(measure::bench_f32),
         Precision::Bf16 => Ok(measure::bench_bf16),
+        Precision::F64 => Err(BenchError::Option(
+            "--precision f64: the GPU steps compute in f32 or bf16",
+        )),
     }
 }
 

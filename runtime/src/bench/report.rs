@@ -10,7 +10,8 @@ use crate::device::Gpu;
 use super::flops::StepFlops;
 use super::layer::Family;
 use super::timing::{Ceiling, Stats, tflops};
-use super::{BenchConfig, BenchOptions, Precision};
+use super::{BenchConfig, BenchOptions};
+use crate::Precision;
 
 /// The whole run.
 #[derive(Clone, Debug, Serialize)]
@@ -314,10 +315,7 @@ impl BenchReport {
     /// The terminal table.
     pub fn table(&self) -> String {
         let mut s = String::new();
-        let prec = match self.precision {
-            Precision::F32 => "f32",
-            Precision::Bf16 => "bf16",
-        };
+        let prec = self.precision.name();
         let _ = writeln!(
             s,
             "stepgraph bench: {} ({}, {} SMs, CUDA {}), {prec} step (f32 GEMM math {}), median of {} steps after {} warm-up",

@@ -9,8 +9,9 @@
 use std::error::Error as StdError;
 
 use super::error::GraphError;
+use super::precision::Precision;
 use super::ptrs::{DevicePtr, DevicePtrs, TensorPath};
-use stepgraph_spec::{Access, Precision, Role};
+use stepgraph_spec::{Access, Role};
 
 /// An execution context that can capture, instantiate and launch graphs.
 ///

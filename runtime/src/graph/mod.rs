@@ -15,11 +15,12 @@
 //! * [`TrainingStep`] is the trait every derived step implements, so engines
 //!   and benches take any step without adapters.
 //!
-//! The files import in a line, never back: `error` (no imports) <- `ptrs`
-//! <- `backend` <- `step` <- `testing`.
+//! The files import in a line, never back: `precision` and `error` (no
+//! imports) <- `ptrs` <- `backend` <- `step` <- `testing`.
 
 mod backend;
 mod error;
+mod precision;
 mod ptrs;
 mod step;
 pub mod testing;
@@ -28,9 +29,10 @@ pub use backend::{
     Backend, BufferInfo, MovePolicy, OpInfo, Replayed, ScratchPtrs, ShapeKey, StepInfo,
 };
 pub use error::{CaptureViolation, GraphError, OpError};
+pub use precision::{Precision, UnknownPrecision};
 pub use ptrs::{DevicePtr, DevicePtrs, PtrSnapshot, TensorPath};
 pub use step::TrainingStep;
-pub use stepgraph_spec::{Access, Precision, Role};
+pub use stepgraph_spec::{Access, Role};
 
 /// Compile-time proof that a step struct's field has the type its spec declares.
 ///

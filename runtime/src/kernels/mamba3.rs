@@ -460,10 +460,8 @@ const QK_TILE_ROWS: usize = 4;
 pub(crate) fn rows_per_pair_tile(d_state: usize, rows_per_thread: usize) -> Option<usize> {
     let np = d_state / 2;
     let block = BLOCK as usize;
-    let fits = d_state.is_multiple_of(2)
-        && np > 0
-        && np.is_multiple_of(32)
-        && block.is_multiple_of(np);
+    let fits =
+        d_state.is_multiple_of(2) && np > 0 && np.is_multiple_of(32) && block.is_multiple_of(np);
     fits.then(|| (block / np) * rows_per_thread)
 }
 

@@ -9,8 +9,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg as _};
 use super::launch::{self, BLOCK};
 use super::mamba3::{
     BcParams, Mamba3Shape, ScanScalars, angle_blocks, check_scan_inputs, need, pair_tile_grid,
-    row_blocks, rows_per_pair_tile,
-    scan_bwd_smem, scan_launch, thread_blocks, warp_blocks,
+    row_blocks, rows_per_pair_tile, scan_bwd_smem, scan_launch, thread_blocks, warp_blocks,
 };
 use super::precision::Compute;
 use crate::device::error::During as _;

@@ -1,6 +1,6 @@
 //! Launch wrappers for `kernels/train.cu`: loss weights, the frozen mask, the
 //! fold of the global gradient norm and the device-side schedule that the
-//! training step adds around the model (see [`crate::optim::step_control`]
+//! training step adds around the model (see [`crate::step::control`]
 //! for the ops built from them; the norm's partials and the guarded AdamW
 //! update are the multi-tensor kernels of [`super::optim`]).
 

@@ -101,25 +101,13 @@ pub fn advance_schedule(gpu: &Gpu, sched: &mut StepScalars) -> Result<(), GpuErr
     kb::advance_schedule(gpu, &sched.hyper, &mut sched.step, &mut sched.derived)
 }
 
-/// One AdamW update of every parameter with the device-side scalars (no
-/// clipping, no skip): the backbone bench's update.
-pub fn adamw_step(
-    gpu: &Gpu,
-    grads: &Grads,
-    sched: &StepScalars,
-    weights: &mut Weights,
-    adam: &mut AdamWState,
-) -> Result<(), Mamba3GpuError> {
-    fused_update(gpu, grads, &sched.derived, None, weights, Vec::new(), adam)
-}
-
 /// AdamW on every parameter tensor in one multi-tensor pass
 /// ([`kernels::optim::adamw`](crate::kernels::optim::adamw)): `derived` holds
 /// the step's scalars, `gate` (when given) the clip coefficient, skip flag
 /// and gradient scale. `copies` is empty, or holds one entry per parameter
 /// (in `param_specs` order): the bf16 compute copy the pass rewrites from the
 /// updated master, where the tensor has one.
-pub(crate) fn fused_update(
+pub fn fused_update(
     gpu: &Gpu,
     grads: &Grads,
     derived: &DeviceBuffer<f32>,

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::TrainError;
 use super::data::{DataFormat, DataSpec};
+use crate::Precision;
 use crate::mamba3::{AActivation, ConfigError, Mamba3Config, RopeFraction};
 use crate::optim::DecayPolicy;
 
@@ -38,26 +39,6 @@ impl Device {
             Self::Auto => "auto",
             Self::Cpu => "cpu",
             Self::Cuda => "cuda",
-        }
-    }
-}
-
-/// `--precision`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// f32 everywhere.
-    F32,
-    /// bf16 compute, f32 master weights (GPU only).
-    Bf16,
-}
-
-impl Precision {
-    /// The flag value.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
         }
     }
 }

@@ -1,8 +1,9 @@
 //! The GPU engines: a graph-captured step behind [`TrainEngine`], one body
-//! ([`GpuEngine`]) for both precisions through [`GraphStep`]:
-//! [`GpuF32Engine`] runs `specs/mamba3_f32.ron` ([`F32Step`]),
-//! [`GpuBf16Engine`] runs `specs/mamba3_bf16.ron` ([`Bf16Step`]; its state is
-//! the f32 masters and moments, and importing re-syncs the bf16 copies).
+//! ([`GpuEngine<P>`]) for both precisions, driving
+//! [`Mamba3Step<P>`] through [`TrainingStep`] as the derive implements it:
+//! [`GpuF32Engine`] runs `specs/mamba3_f32.ron`, [`GpuBf16Engine`] runs
+//! `specs/mamba3_bf16.ron` (its state is the f32 masters and moments, and
+//! importing re-syncs the bf16 copies).
 //!
 //! The step is captured once, for the run's training shape, when the engine
 //! is built; every [`TrainEngine::step`] is one guarded graph replay and
@@ -22,6 +23,8 @@
 
 use std::collections::HashMap;
 
+use half::bf16;
+
 use super::data::Batch;
 use super::engine::{
     EngineError, EngineInfo, EngineState, EvalOutput, Moments, OptimSettings, StepMetrics,
@@ -33,171 +36,17 @@ use crate::graph::{ShapeKey, TrainingStep};
 use crate::kernels::train as kt;
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu::{Weights, check_weights};
-use crate::mamba3::gpu::{
-    Acts, Bf16Step, F32Step, Mamba3GpuError, MixedActs, forward, forward_mixed,
-    sync_master_to_compute,
-};
-use crate::optim::gpu::{AdamWState, StepScalars};
-use crate::optim::step_control::{FrozenSlice, StepControl, loss_weights_for, report};
-use crate::optim::{AdamWConfig, DecayPolicy};
+use crate::mamba3::gpu::{Acts, ModelCompute, StepWeights, forward};
+use crate::step::{FrozenSlice, Mamba3Step, StepControl, loss_weights_for, report};
 
 /// Most eval activation shapes kept at once.
 const EVAL_SHAPES: usize = 8;
 
-/// What the engine needs of a graph-captured step (`F32Step`, `Bf16Step`):
-/// one engine body serves both precisions.
-pub trait GraphStep: TrainingStep<Context = Gpu> + Sized {
-    /// Activations of an eval forward pass.
-    type EvalActs;
-    /// `f32` or `bf16`.
-    const PRECISION: &'static str;
-    /// Uploads `weights` and allocates a `batch x seq_len` step.
-    fn build(
-        gpu: &Gpu,
-        cfg: &Mamba3Config,
-        weights: &Weights<f32>,
-        adamw: &AdamWConfig,
-        policy: &DecayPolicy,
-        batch: usize,
-        seq_len: usize,
-    ) -> Result<Self, Mamba3GpuError>;
-    /// f32 master weights.
-    fn master(&self) -> &crate::mamba3::gpu::Weights;
-    /// f32 master weights, mutably.
-    fn master_mut(&mut self) -> &mut crate::mamba3::gpu::Weights;
-    /// AdamW moments, mutably.
-    fn adam_mut(&mut self) -> &mut AdamWState;
-    /// AdamW's device scalars, mutably.
-    fn sched_mut(&mut self) -> &mut StepScalars;
-    /// The step's control scalars, mutably.
-    fn control_mut(&mut self) -> &mut StepControl;
-    /// The two inputs: token ids and loss weights.
-    fn inputs_mut(&mut self) -> (&mut DeviceBuffer<i32>, &mut DeviceBuffer<f32>);
-    /// Refreshes anything derived from the masters after they were
-    /// overwritten from the host (bf16 compute copies).
-    fn masters_changed(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError>;
-    /// Eval activations for `rows x len`.
-    fn eval_acts(
-        gpu: &Gpu,
-        cfg: &Mamba3Config,
-        rows: usize,
-        len: usize,
-    ) -> Result<Self::EvalActs, Mamba3GpuError>;
-    /// The forward op on eval buffers.
-    fn eval_forward(
-        &self,
-        gpu: &Gpu,
-        tokens: &DeviceBuffer<i32>,
-        acts: &mut Self::EvalActs,
-        loss: &mut DeviceBuffer<f32>,
-    ) -> Result<(), Mamba3GpuError>;
-    /// `(logits, per-prediction loss)` of an eval pass.
-    fn eval_out(acts: &Self::EvalActs) -> (&DeviceBuffer<f32>, &DeviceBuffer<f32>);
-}
-
-/// Implements [`GraphStep`] for a derived step; the two steps differ only in
-/// their types and the forward op.
-macro_rules! graph_step {
-    ($step:ty, $acts:ty, $prec:literal, $fwd:path, $master:path, $sync:path) => {
-        impl GraphStep for $step {
-            type EvalActs = $acts;
-            const PRECISION: &'static str = $prec;
-
-            fn build(
-                gpu: &Gpu,
-                cfg: &Mamba3Config,
-                weights: &Weights<f32>,
-                adamw: &AdamWConfig,
-                policy: &DecayPolicy,
-                batch: usize,
-                seq_len: usize,
-            ) -> Result<Self, Mamba3GpuError> {
-                <$step>::new(gpu, cfg, weights, adamw, policy, batch, seq_len)
-            }
-
-            fn master(&self) -> &crate::mamba3::gpu::Weights {
-                crate::mamba3::gpu::StepWeights::master(&self.weights)
-            }
-
-            fn master_mut(&mut self) -> &mut crate::mamba3::gpu::Weights {
-                $master(&mut self.weights)
-            }
-
-            fn adam_mut(&mut self) -> &mut AdamWState {
-                &mut self.adam
-            }
-
-            fn sched_mut(&mut self) -> &mut StepScalars {
-                &mut self.sched
-            }
-
-            fn control_mut(&mut self) -> &mut StepControl {
-                &mut self.control
-            }
-
-            fn inputs_mut(&mut self) -> (&mut DeviceBuffer<i32>, &mut DeviceBuffer<f32>) {
-                (&mut self.tokens, &mut self.loss_weights)
-            }
-
-            fn masters_changed(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError> {
-                $sync(gpu, &mut self.weights)
-            }
-
-            fn eval_acts(
-                gpu: &Gpu,
-                cfg: &Mamba3Config,
-                rows: usize,
-                len: usize,
-            ) -> Result<$acts, Mamba3GpuError> {
-                <$acts>::new(gpu, cfg, rows, len)
-            }
-
-            fn eval_forward(
-                &self,
-                gpu: &Gpu,
-                tokens: &DeviceBuffer<i32>,
-                acts: &mut $acts,
-                loss: &mut DeviceBuffer<f32>,
-            ) -> Result<(), Mamba3GpuError> {
-                $fwd(gpu, &self.weights, tokens, acts, loss)
-            }
-
-            fn eval_out(acts: &$acts) -> (&DeviceBuffer<f32>, &DeviceBuffer<f32>) {
-                (&acts.logits, &acts.row_loss)
-            }
-        }
-    };
-}
-
-graph_step!(F32Step, Acts, "f32", forward, own_master, nothing_derived);
-graph_step!(
-    Bf16Step,
-    MixedActs,
-    "bf16",
-    forward_mixed,
-    mixed_master,
-    sync_master_to_compute
-);
-
-/// The f32 step's weights are their own masters.
-fn own_master(w: &mut crate::mamba3::gpu::Weights) -> &mut crate::mamba3::gpu::Weights {
-    w
-}
-
-/// The f32 masters of a mixed step.
-fn mixed_master(w: &mut crate::mamba3::gpu::MixedWeights) -> &mut crate::mamba3::gpu::Weights {
-    &mut w.master
-}
-
-/// The f32 step keeps no copies of its weights.
-fn nothing_derived(_: &Gpu, _: &mut crate::mamba3::gpu::Weights) -> Result<(), Mamba3GpuError> {
-    Ok(())
-}
-
-/// The f32 engine.
-pub type GpuF32Engine = GpuEngine<F32Step>;
-/// The bf16 mixed-precision engine (f32 masters and moments).
-pub type GpuBf16Engine = GpuEngine<Bf16Step>;
+/// The f32 engine (`specs/mamba3_f32.ron`).
+pub type GpuF32Engine = GpuEngine<f32>;
+/// The bf16 mixed-precision engine (`specs/mamba3_bf16.ron`; f32 masters
+/// and moments).
+pub type GpuBf16Engine = GpuEngine<bf16>;
 
 /// Buffers of one eval shape.
 struct EvalBufs<A> {
@@ -215,12 +64,15 @@ struct Staging {
 
 /// A graph-captured step as a [`TrainEngine`]; see the [module
 /// docs](self).
-pub struct GpuEngine<S: GraphStep> {
+pub struct GpuEngine<P: ModelCompute>
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
     // Field order is drop order: the graph before the buffers it points
     // into, every buffer before the context.
-    graph: S::Graph,
-    step: S,
-    eval: HashMap<(usize, usize), EvalBufs<S::EvalActs>>,
+    graph: <Mamba3Step<P> as TrainingStep>::Graph,
+    step: Mamba3Step<P>,
+    eval: HashMap<(usize, usize), EvalBufs<Acts<DeviceBuffer<P>>>>,
     staging: [Staging; 2],
     next_slot: usize,
     report: PinnedBuffer<f64>,
@@ -234,7 +86,10 @@ pub struct GpuEngine<S: GraphStep> {
     gpu: Gpu,
 }
 
-impl<S: GraphStep> GpuEngine<S> {
+impl<P: ModelCompute> GpuEngine<P>
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
     /// Uploads `weights`, allocates a step for `rows x width` token batches
     /// (`width = T + 1`) and captures it.
     pub fn new(
@@ -254,7 +109,7 @@ impl<S: GraphStep> GpuEngine<S> {
             });
         }
         let len = width - 1;
-        let mut step = S::build(
+        let mut step = Mamba3Step::<P>::new(
             &gpu,
             &cfg,
             weights,
@@ -272,8 +127,8 @@ impl<S: GraphStep> GpuEngine<S> {
                 end: f.end,
             })
             .collect();
-        *step.control_mut() = StepControl::new(&gpu, &cfg, settings.adam.lr, frozen)?;
-        step.control_mut().set_clip(&gpu, settings.clip)?;
+        step.control = StepControl::new(&gpu, &cfg, settings.adam.lr, frozen)?;
+        step.control.set_clip(&gpu, settings.clip)?;
         let graph = step.capture(
             &gpu,
             ShapeKey {
@@ -313,7 +168,7 @@ impl<S: GraphStep> GpuEngine<S> {
     }
 
     /// The captured step's buffers.
-    pub fn step_buffers(&self) -> &S {
+    pub fn step_buffers(&self) -> &Mamba3Step<P> {
         &self.step
     }
 
@@ -334,7 +189,7 @@ impl<S: GraphStep> GpuEngine<S> {
         self.staged = false;
         if let Some(s) = self.schedule.take() {
             self.step
-                .control_mut()
+                .control
                 .set_schedule(&self.gpu, s.peak, s.min_lr, s.warmup, s.total)?;
         }
         Ok(())
@@ -342,7 +197,7 @@ impl<S: GraphStep> GpuEngine<S> {
 
     fn after_step(&mut self) -> Result<(), EngineError> {
         self.gpu
-            .copy_to_pinned(&self.step.control_mut().report, &mut self.report)?;
+            .copy_to_pinned(&self.step.control.report, &mut self.report)?;
         self.stepped = true;
         self.last = None;
         Ok(())
@@ -371,7 +226,7 @@ impl<S: GraphStep> GpuEngine<S> {
                 self.eval.clear();
             }
             let bufs = EvalBufs {
-                acts: S::eval_acts(&self.gpu, &self.cfg, rows, len)?,
+                acts: Acts::<DeviceBuffer<P>>::new(&self.gpu, &self.cfg, rows, len)?,
                 tokens: self.gpu.alloc_zeros::<i32>(rows * batch.width)?,
                 loss: self.gpu.alloc_zeros::<f32>(1)?,
                 argmax: self.gpu.alloc_zeros::<u32>(rows * len)?,
@@ -386,8 +241,14 @@ impl<S: GraphStep> GpuEngine<S> {
             .get_mut(&(rows, len))
             .ok_or(EngineError::Order("eval buffers missing"))?;
         gpu.copy_from_host(&ids, &mut bufs.tokens)?;
-        step.eval_forward(gpu, &bufs.tokens, &mut bufs.acts, &mut bufs.loss)?;
-        let (logits, row_loss) = S::eval_out(&bufs.acts);
+        forward(
+            gpu,
+            &step.weights,
+            &bufs.tokens,
+            &mut bufs.acts,
+            &mut bufs.loss,
+        )?;
+        let (logits, row_loss) = (&bufs.acts.logits, &bufs.acts.row_loss);
         kt::argmax(
             gpu,
             logits,
@@ -418,11 +279,14 @@ fn metrics_of(r: &[f64]) -> StepMetrics {
     }
 }
 
-impl<S: GraphStep> TrainEngine for GpuEngine<S> {
+impl<P: ModelCompute> TrainEngine for GpuEngine<P>
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
     fn info(&self) -> EngineInfo {
         EngineInfo {
             name: "cuda graph".into(),
-            precision: S::PRECISION,
+            precision: P::PRECISION.name(),
             device: self.gpu.info().name.clone(),
         }
     }
@@ -458,9 +322,10 @@ impl<S: GraphStep> TrainEngine for GpuEngine<S> {
         // Waits only for this slot's previous upload, two batches ago.
         slot.tokens.as_mut_slice()?.copy_from_slice(&ids);
         slot.weights.as_mut_slice()?.copy_from_slice(&weights);
-        let (tokens, loss_weights) = self.step.inputs_mut();
-        self.gpu.copy_from_pinned(&slot.tokens, tokens)?;
-        self.gpu.copy_from_pinned(&slot.weights, loss_weights)?;
+        self.gpu
+            .copy_from_pinned(&slot.tokens, &mut self.step.tokens)?;
+        self.gpu
+            .copy_from_pinned(&slot.weights, &mut self.step.loss_weights)?;
         self.next_slot = 1 - k;
         self.staged = true;
         Ok(())
@@ -512,20 +377,20 @@ impl<S: GraphStep> TrainEngine for GpuEngine<S> {
 
     fn export_state(&mut self) -> Result<EngineState, EngineError> {
         let gpu = &self.gpu;
-        let weights = self.step.master().download(gpu)?;
-        let m = self.step.adam_mut().m.download(gpu)?;
-        let v = self.step.adam_mut().v.download(gpu)?;
+        let weights = self.step.weights.master().download(gpu)?;
+        let m = self.step.adam.m.download(gpu)?;
+        let v = self.step.adam.v.download(gpu)?;
         let moments: Vec<Moments> = m
             .tensors()
             .into_iter()
             .zip(v.tensors())
             .map(|(a, b)| (a.to_vec(), b.to_vec()))
             .collect();
-        let (steps, skipped) = self.step.control_mut().counters(gpu)?;
+        let (steps, skipped) = self.step.control.counters(gpu)?;
         Ok(EngineState {
             weights,
             moments,
-            adam_steps: self.step.sched_mut().steps(gpu)?,
+            adam_steps: self.step.sched.steps(gpu)?,
             steps,
             skipped,
         })
@@ -539,6 +404,7 @@ impl<S: GraphStep> TrainEngine for GpuEngine<S> {
         // Into the existing allocations: the captured pointers stay valid.
         for (dst, src) in self
             .step
+            .weights
             .master_mut()
             .tensors_mut()
             .into_iter()
@@ -546,8 +412,8 @@ impl<S: GraphStep> TrainEngine for GpuEngine<S> {
         {
             gpu.copy_from_host(src, dst)?;
         }
-        self.step.masters_changed(gpu)?;
-        let adam = self.step.adam_mut();
+        self.step.weights.masters_changed(gpu)?;
+        let adam = &mut self.step.adam;
         for ((dm, dv), (m, v)) in adam
             .m
             .tensors_mut()
@@ -558,9 +424,9 @@ impl<S: GraphStep> TrainEngine for GpuEngine<S> {
             gpu.copy_from_host(m, dm)?;
             gpu.copy_from_host(v, dv)?;
         }
-        gpu.copy_from_host(&[adam_steps], &mut self.step.sched_mut().step)?;
+        gpu.copy_from_host(&[adam_steps], &mut self.step.sched.step)?;
         self.step
-            .control_mut()
+            .control
             .set_counters(gpu, state.steps, state.skipped)?;
         self.last = None;
         self.stepped = false;

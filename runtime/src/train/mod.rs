@@ -27,13 +27,13 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-pub use config::{Decay, Device, ModelSize, Precision, RunConfig, Setting};
+pub use config::{Decay, Device, ModelSize, RunConfig, Setting};
 pub use cpu::CpuEngine;
 pub use engine::{
     EngineError, EngineInfo, EngineState, EvalOutput, Frozen, OptimSettings, StepMetrics,
     TrainEngine,
 };
-pub use gpu::{GpuBf16Engine, GpuEngine, GpuF32Engine, GraphStep};
+pub use gpu::{GpuBf16Engine, GpuEngine, GpuF32Engine};
 pub use run::{Resume, RunStatus, RunSummary, TrainOptions, train};
 pub use schedule::LrSchedule;
 pub use stop::{SignalAction, Stop};
@@ -64,6 +64,11 @@ pub enum TrainError {
         "--precision bf16 needs a GPU engine; the CPU engine trains in f32 (use --precision f32)"
     )]
     Bf16NeedsGpu,
+    /// `--precision f64` (a hand-edited run file: the flag refuses it).
+    #[error(
+        "--precision f64 is the CPU reference's (stepgraph eval); training computes in f32 or bf16"
+    )]
+    F64NotTrained,
     /// The data file cannot be read.
     #[error("cannot read data file {}: {source}", path.display())]
     DataRead {

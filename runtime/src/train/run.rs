@@ -28,7 +28,7 @@ use serde_json::json;
 
 use super::TrainError;
 use super::checkpoint::{self, CHECKPOINTS_DIR, Found, TrainState};
-use super::config::{self, Change, Device, Precision, RunConfig, Setting};
+use super::config::{self, Change, Device, RunConfig, Setting};
 use super::cpu::CpuEngine;
 use super::data::{Batch, DataSpec, Dataset, EvalSet};
 use super::engine::{Frozen, OptimSettings, TrainEngine};
@@ -39,6 +39,7 @@ use super::report::{EvalResult, MetricsLog, Progress, ProgressMode};
 use super::rundir::RunDir;
 use super::schedule::LrSchedule;
 use super::stop::Stop;
+use crate::Precision;
 use crate::device::Gpu;
 use crate::mamba3::cpu::Weights;
 use crate::mamba3::{AActivation, Mamba3Config, RopeFraction};
@@ -158,6 +159,7 @@ pub fn resolve_device(device: Device, precision: Precision) -> Result<Resolved, 
         },
     };
     match (&resolved, precision) {
+        (_, Precision::F64) => Err(TrainError::F64NotTrained),
         (Resolved::Cpu(_), Precision::Bf16) => Err(TrainError::Bf16NeedsGpu),
         _ => Ok(resolved),
     }
@@ -274,8 +276,9 @@ pub fn train(opts: &TrainOptions, stop: &Stop) -> Result<RunSummary, TrainError>
     let (train_width, eval_widths) = widths(&run.data);
     let holder = match (&resolved, run.precision) {
         (Resolved::Cpu(_), _) => Holder::Cpu,
-        (Resolved::Cuda(_), Precision::F32) => Holder::Gpu { operand_bytes: 4 },
-        (Resolved::Cuda(_), Precision::Bf16) => Holder::Gpu { operand_bytes: 2 },
+        (Resolved::Cuda(_), p) => Holder::Gpu {
+            operand_bytes: p.operand_bytes(),
+        },
     };
     let est = memory::estimate(&cfg, holder, run.batch, train_width, &eval_widths);
     let (available, place) = match &resolved {
@@ -364,6 +367,7 @@ fn build_engine(
                     Precision::Bf16 => Box::new(GpuBf16Engine::new(
                         gpu, c, &weights, &settings, rows, width,
                     )?),
+                    Precision::F64 => return Err(TrainError::F64NotTrained),
                 };
                 (engine, None)
             }

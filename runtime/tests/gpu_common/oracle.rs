@@ -5,8 +5,9 @@ use rand_chacha::ChaCha8Rng;
 use stepgraph::device::Gpu;
 use stepgraph::mamba3::Mamba3Config;
 use stepgraph::mamba3::cpu::{self, ParamKind, Tokens, param_specs};
-use stepgraph::mamba3::gpu::F32Step;
+use stepgraph::mamba3::gpu::ModelCompute;
 use stepgraph::optim::{AdamWConfig, DecayPolicy};
+use stepgraph::step::{F32Step, Mamba3Step};
 
 /// A seed that differs every run; tests print it so a failure can be replayed.
 pub fn fresh_seed() -> u64 {
@@ -47,17 +48,17 @@ pub fn cpu_tokens(cfg: &Mamba3Config, ids: &[i32], batch: usize, len: usize) -> 
     Tokens::from_rows(&wide, batch, len + 1, cfg.vocab_size).expect("valid tokens")
 }
 
-/// An f32 step with [`random_weights`] and [`random_tokens`] from `seed`,
-/// default AdamW settings, nothing run yet.
-pub fn random_f32_step(
+/// A step at compute type `P` with [`random_weights`] and [`random_tokens`]
+/// from `seed`, default AdamW settings, nothing run yet.
+pub fn random_step<P: ModelCompute>(
     gpu: &Gpu,
     cfg: &Mamba3Config,
     batch: usize,
     len: usize,
     seed: u64,
-) -> F32Step {
+) -> Mamba3Step<P> {
     let w64 = random_weights(cfg, seed);
-    let mut s = F32Step::new(
+    let mut s = Mamba3Step::<P>::new(
         gpu,
         cfg,
         &w64,
@@ -70,4 +71,15 @@ pub fn random_f32_step(
     s.set_tokens(gpu, &random_tokens(cfg, batch, len, seed))
         .expect("tokens");
     s
+}
+
+/// [`random_step`] in f32.
+pub fn random_f32_step(
+    gpu: &Gpu,
+    cfg: &Mamba3Config,
+    batch: usize,
+    len: usize,
+    seed: u64,
+) -> F32Step {
+    random_step::<f32>(gpu, cfg, batch, len, seed)
 }

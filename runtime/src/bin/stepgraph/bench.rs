@@ -7,7 +7,8 @@
 
 use std::process::ExitCode;
 
-use stepgraph::bench::{self, BenchConfig, BenchError, BenchOptions, Precision};
+use stepgraph::Precision;
+use stepgraph::bench::{self, BenchConfig, BenchError, BenchOptions};
 
 /// Arguments of `stepgraph bench`.
 #[derive(clap::Args)]
@@ -16,8 +17,8 @@ pub struct Args {
     #[arg(long, default_value = "S,M,L")]
     config: String,
     /// Step precision: f32, or bf16 mixed precision (f32 masters, bf16 GEMMs).
-    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
-    precision: PrecisionArg,
+    #[arg(long, default_value_t = Precision::F32, value_parser = crate::parse::precision(BENCH_PRECISIONS))]
+    precision: Precision,
     /// Print the report as JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -50,11 +51,8 @@ pub struct Args {
     first_step: bool,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum PrecisionArg {
-    F32,
-    Bf16,
-}
+/// What `bench --precision` accepts (the GPU steps' precisions).
+const BENCH_PRECISIONS: &[(Precision, &str)] = &[(Precision::F32, ""), (Precision::Bf16, "")];
 
 /// Runs the subcommand.
 pub fn run(args: &Args) -> ExitCode {
@@ -73,10 +71,7 @@ fn json<T: serde::Serialize>(v: &T) -> Result<String, BenchError> {
 }
 
 fn run_inner(args: &Args) -> Result<(), BenchError> {
-    let precision = match args.precision {
-        PrecisionArg::F32 => Precision::F32,
-        PrecisionArg::Bf16 => Precision::Bf16,
-    };
+    let precision = args.precision;
     // A precision without a step is refused before any GPU work.
     bench::runner_for(precision)?;
     let configs = BenchConfig::parse_list(&args.config)?;

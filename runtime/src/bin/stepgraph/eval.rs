@@ -11,13 +11,14 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use stepgraph::Precision;
 use stepgraph::device::{DeviceBuffer, Gpu};
 use stepgraph::mamba3::Mamba3Config;
 use stepgraph::mamba3::checkpoint::{self, CheckpointError};
 use stepgraph::mamba3::cpu::{
     Float, ModelError, ScanMode, TokenError, Tokens, forward, try_backward,
 };
-use stepgraph::mamba3::gpu::{self as gpu_model, Mamba3GpuError, StepWeights};
+use stepgraph::mamba3::gpu::{self as gpu_model, Mamba3GpuError, ModelCompute, StepWeights};
 use stepgraph::train::TrainError;
 use stepgraph::train::data::{DataFormat, FILE_EVAL_ROWS, FileData};
 
@@ -48,8 +49,8 @@ pub struct Args {
     max_rows: usize,
     /// Precision: f64 or f32 on the CPU; on the GPU f32 (also for f64) or
     /// bf16 mixed precision (f32 masters, bf16 GEMMs, f32 scan and norms).
-    #[arg(long, value_enum, default_value_t = EvalPrecision::F64)]
-    precision: EvalPrecision,
+    #[arg(long, default_value_t = Precision::F64, value_parser = crate::parse::precision(EVAL_PRECISIONS))]
+    precision: Precision,
     /// Where to compute: the CPU reference, or the f32 model on GPU 0.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
@@ -70,26 +71,22 @@ pub enum FormatArg {
     U32,
 }
 
-/// Floating-point precision of the CPU model.
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum Precision {
-    /// float64: the reference.
-    F64,
-    /// float32.
-    F32,
-}
+/// What `eval --precision` accepts: the CPU model's float types, or bf16
+/// mixed precision on the GPU.
+const EVAL_PRECISIONS: &[(Precision, &str)] = &[
+    (Precision::F64, "float64 (on the GPU: f32)"),
+    (Precision::F32, "float32"),
+    (
+        Precision::Bf16,
+        "bf16 mixed precision (`--device cuda` only)",
+    ),
+];
 
-/// What `eval` computes in: a [`Precision`] of the CPU model, or bf16 mixed
-/// precision on the GPU.
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum EvalPrecision {
-    /// float64 (on the GPU: f32).
-    F64,
-    /// float32.
-    F32,
-    /// bf16 mixed precision (`--device cuda` only).
-    Bf16,
-}
+/// What `init --dtype` accepts: the CPU model's float types.
+pub const CPU_PRECISIONS: &[(Precision, &str)] = &[
+    (Precision::F64, "float64: the reference"),
+    (Precision::F32, "float32"),
+];
 
 /// Where `eval` computes.
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -126,10 +123,11 @@ enum EvalError {
 /// on failure (exit 1).
 pub fn run(args: &Args) -> ExitCode {
     let result = match (args.device, args.precision) {
-        (Device::Cuda, p) => evaluate_cuda(args, matches!(p, EvalPrecision::Bf16)),
-        (Device::Cpu, EvalPrecision::F64) => evaluate::<f64>(args),
-        (Device::Cpu, EvalPrecision::F32) => evaluate::<f32>(args),
-        (Device::Cpu, EvalPrecision::Bf16) => Err(EvalError::Bf16OnCpu),
+        (Device::Cuda, Precision::Bf16) => evaluate_cuda::<half::bf16>(args),
+        (Device::Cuda, Precision::F64 | Precision::F32) => evaluate_cuda::<f32>(args),
+        (Device::Cpu, Precision::F64) => evaluate::<f64>(args),
+        (Device::Cpu, Precision::F32) => evaluate::<f32>(args),
+        (Device::Cpu, Precision::Bf16) => Err(EvalError::Bf16OnCpu),
     };
     match result {
         Ok(line) => {
@@ -160,9 +158,9 @@ fn evaluate<T: Float>(args: &Args) -> Result<String, EvalError> {
     Ok(serde_json::json!({"loss": out.loss, "tokens": tokens.count()}).to_string())
 }
 
-/// The same evaluation with the GPU ops (one forward, one backward), in f32
-/// or, with `mixed`, in bf16 mixed precision.
-fn evaluate_cuda(args: &Args, mixed: bool) -> Result<String, EvalError> {
+/// The same evaluation with the GPU ops (one forward, one backward), at
+/// compute type `P`: f32, or bf16 mixed precision.
+fn evaluate_cuda<P: ModelCompute>(args: &Args) -> Result<String, EvalError> {
     let (cfg, weights) = checkpoint::load::<f32>(&args.checkpoint)?;
     let (values, shape) = token_values(args, cfg.vocab_size)?;
     let tokens = shaped(args, &values, &shape, cfg.vocab_size)?;
@@ -174,16 +172,10 @@ fn evaluate_cuda(args: &Args, mixed: bool) -> Result<String, EvalError> {
         .collect();
     let gpu = Gpu::new(0).map_err(Mamba3GpuError::from)?;
     let tok = gpu.to_device(&ids).map_err(Mamba3GpuError::from)?;
-    let l = if mixed {
-        let w = gpu_model::MixedWeights::upload(&gpu, &cfg, &weights)?;
-        let mut acts = gpu_model::MixedActs::new(&gpu, &cfg, batch, len)?;
-        gpu_model::presize_staging::<half::bf16>(&gpu, &acts.shape)?;
-        run_cuda(&gpu, &cfg, &w, &tok, &mut acts, args.grads_out.as_deref())?
-    } else {
-        let w = gpu_model::Weights::upload(&gpu, &cfg, &weights)?;
-        let mut acts = gpu_model::Acts::new(&gpu, &cfg, batch, len)?;
-        run_cuda(&gpu, &cfg, &w, &tok, &mut acts, args.grads_out.as_deref())?
-    };
+    let w = <P::Weights as StepWeights>::upload(&gpu, &cfg, &weights)?;
+    let mut acts = gpu_model::Acts::<DeviceBuffer<P>>::new(&gpu, &cfg, batch, len)?;
+    gpu_model::presize_staging::<P>(&gpu, &acts.shape)?;
+    let l = run_cuda(&gpu, &cfg, &w, &tok, &mut acts, args.grads_out.as_deref())?;
     Ok(serde_json::json!({"loss": f64::from(l), "tokens": tokens.count()}).to_string())
 }
 
@@ -199,10 +191,10 @@ fn run_cuda<W: StepWeights>(
 ) -> Result<f32, EvalError> {
     let (batch, len) = acts.batch_len();
     let mut loss = gpu.alloc_zeros::<f32>(1).map_err(Mamba3GpuError::from)?;
-    gpu_model::forward_with(gpu, w, tok, acts, &mut loss)?;
+    gpu_model::forward(gpu, w, tok, acts, &mut loss)?;
     if let Some(path) = grads_out {
         let mut grads = gpu_model::Grads::new(gpu, cfg, batch, len)?;
-        gpu_model::backward_with(gpu, w, tok, acts, &mut grads)?;
+        gpu_model::backward(gpu, w, tok, acts, &mut grads)?;
         let g = grads.download(gpu)?;
         let named: Vec<(String, Vec<usize>, &[f32])> = g
             .named(cfg)

@@ -11,6 +11,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use stepgraph::Precision;
 use stepgraph::mamba3::checkpoint::CheckpointError;
 use stepgraph::mamba3::cpu::{Float, ModelError, Weights};
 use stepgraph::mamba3::{ConfigError, Mamba3Config, RopeFraction, checkpoint};
@@ -64,8 +65,8 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Precision the tensors are stored in.
-    #[arg(long, value_enum, default_value_t = crate::eval::Precision::F32)]
-    dtype: crate::eval::Precision,
+    #[arg(long, default_value_t = Precision::F32, value_parser = crate::parse::precision(crate::eval::CPU_PRECISIONS))]
+    dtype: Precision,
 }
 
 /// Why no checkpoint was written.
@@ -82,6 +83,8 @@ enum InitError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("--dtype {0}: the CPU model stores f64 or f32")]
+    Dtype(Precision),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InitError {
@@ -126,8 +129,10 @@ pub fn run(args: &Args) -> ExitCode {
         );
     }
     let result = match args.dtype {
-        crate::eval::Precision::F64 => write::<f64>(args, &cfg),
-        crate::eval::Precision::F32 => write::<f32>(args, &cfg),
+        Precision::F64 => write::<f64>(args, &cfg),
+        Precision::F32 => write::<f32>(args, &cfg),
+        // The flag offers f64 and f32 only.
+        Precision::Bf16 => Err(InitError::Dtype(args.dtype)),
     };
     match result {
         Ok(()) => {

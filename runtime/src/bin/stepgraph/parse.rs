@@ -2,6 +2,8 @@
 //! flag's name (`invalid value '-1' for '--lr <LR>': must be > 0`) and exit
 //! code 2, before anything runs.
 
+use stepgraph::Precision;
+
 /// A count of at least 1.
 pub fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
@@ -59,6 +61,20 @@ pub fn open_fraction(s: &str) -> Result<f64, String> {
     } else {
         Err("must lie strictly between 0 and 1".into())
     }
+}
+
+/// `--precision` (or `--dtype`) limited to the values `values` lists, each
+/// with its help line, parsed into the crate's one [`Precision`]: clap
+/// reports any other value with the possible ones, as for an enum flag.
+pub fn precision(
+    values: &'static [(Precision, &'static str)],
+) -> impl clap::builder::TypedValueParser<Value = Precision> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new(values.iter().map(|&(p, help)| {
+        let v = PossibleValue::new(p.name());
+        if help.is_empty() { v } else { v.help(help) }
+    }))
+    .try_map(|s: String| s.parse::<Precision>())
 }
 
 #[cfg(test)]

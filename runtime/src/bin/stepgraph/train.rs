@@ -16,13 +16,14 @@ use std::time::Instant;
 
 use clap::ArgMatches;
 use clap::parser::ValueSource;
+use stepgraph::Precision;
 use stepgraph::mamba3::AActivation;
 use stepgraph::train::data::{DataFormat, DataSpec, Task};
 use stepgraph::train::report::{ProgressMode, clock, human};
 use stepgraph::train::run::LossWindow;
 use stepgraph::train::{
-    Decay, Device, ModelSize, Precision, Resume, RunConfig, RunStatus, RunSummary, Setting,
-    SignalAction, Stop, TrainOptions, train,
+    Decay, Device, ModelSize, Resume, RunConfig, RunStatus, RunSummary, Setting, SignalAction,
+    Stop, TrainOptions, train,
 };
 
 use crate::parse::{at_least_one, at_least_one_u64, non_negative, open_fraction, positive};
@@ -88,8 +89,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
     /// Compute precision (bf16 needs a GPU).
-    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
-    precision: PrecisionArg,
+    #[arg(long, default_value_t = Precision::F32, value_parser = crate::parse::precision(TRAIN_PRECISIONS))]
+    precision: Precision,
     /// Rows per batch.
     #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     batch: usize,
@@ -175,11 +176,8 @@ enum AActArg {
     Softplus,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum PrecisionArg {
-    F32,
-    Bf16,
-}
+/// What `train --precision` accepts (the engines' precisions).
+const TRAIN_PRECISIONS: &[(Precision, &str)] = &[(Precision::F32, ""), (Precision::Bf16, "")];
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum DecayArg {
@@ -260,10 +258,7 @@ fn run_config(a: &Args) -> RunConfig {
             DeviceArg::Cpu => Device::Cpu,
             DeviceArg::Cuda => Device::Cuda,
         },
-        precision: match a.precision {
-            PrecisionArg::F32 => Precision::F32,
-            PrecisionArg::Bf16 => Precision::Bf16,
-        },
+        precision: a.precision,
         batch: a.batch,
         steps: a.steps,
         lr: a.lr,

@@ -8,8 +8,8 @@
 //! scatter added after. So the op does not depend on `zero_grads` having
 //! run, and the step specs do not run it.
 //!
-//! One body, [`backward_probed`] (the step ops reach it through
-//! [`backward_with`] with [`NoProbe`]; see `forward` for the probe),
+//! One body, [`backward_probed`] (the step op [`backward`] calls it with
+//! [`NoProbe`]; see `forward` for the probe),
 //! generic over the compute type: every GEMM's
 //! A operand is an f32 gradient (staged to bf16 by `Compute::gemm_grad` /
 //! `gemm_grad2`, once for a layer's weight and input gradients, in
@@ -27,21 +27,11 @@ use super::forward::check_step;
 use super::probe::Family::{Gemm as G, Loss as L, NormElementwise as E, Scan as S};
 use super::probe::{NoProbe, Probe};
 use super::weights::{Grads, LayerWeights, StepWeights};
-use super::{Acts, Mamba3GpuError, Weights};
+use super::{Acts, Mamba3GpuError};
 
-/// Backward pass for the window `forward` last ran on.
-pub fn backward(
-    gpu: &Gpu,
-    w: &Weights,
-    tokens: &DeviceBuffer<i32>,
-    acts: &Acts,
-    grads: &mut Grads,
-) -> Result<(), Mamba3GpuError> {
-    backward_with(gpu, w, tokens, acts, grads)
-}
-
-/// The backward body for any compute type (see the module docs).
-pub fn backward_with<W: StepWeights>(
+/// Backward pass for the window `forward` last ran on, for any compute
+/// type (see the module docs).
+pub fn backward<W: StepWeights>(
     gpu: &Gpu,
     weights: &W,
     tokens: &DeviceBuffer<i32>,
@@ -51,7 +41,7 @@ pub fn backward_with<W: StepWeights>(
     backward_probed(gpu, weights, tokens, acts, grads, &mut NoProbe)
 }
 
-/// [`backward_with`] telling `probe` where each op begins (the bench's
+/// [`backward`] telling `probe` where each op begins (the bench's
 /// per-family breakdown times the step's own sequence through it).
 pub fn backward_probed<W: StepWeights>(
     gpu: &Gpu,

@@ -1,10 +1,10 @@
 //! The forward op (tokens -> loss, keeping activations) and `zero_grads`.
 //!
 //! One body, [`forward_probed`], generic over the weights' compute type and
-//! over a timing [`Probe`]: the f32 op [`forward`] and the mixed op
-//! `forward_mixed` call it through [`forward_with`] with [`NoProbe`]; the
-//! bench calls it with a probe that times each op, and runs
-//! [`blocks_forward`] alone as its backbone-only step.
+//! over a timing [`Probe`]: the step op [`forward`] calls it with
+//! [`NoProbe`] at either precision; the bench calls it with a probe that
+//! times each op, and runs [`blocks_forward`] alone as its backbone-only
+//! step.
 
 use crate::device::{DeviceBuffer, Gemm, Gpu};
 use crate::kernels::mamba3 as k;
@@ -58,20 +58,9 @@ pub(crate) fn check_step<B>(
 
 /// Forward pass over one `[batch, seq_len + 1]` token window from a zero
 /// state: fills `acts` and writes the mean next-token cross-entropy to
-/// `loss[0]`.
-pub fn forward(
-    gpu: &Gpu,
-    w: &Weights,
-    tokens: &DeviceBuffer<i32>,
-    acts: &mut Acts,
-    loss: &mut DeviceBuffer<f32>,
-) -> Result<(), Mamba3GpuError> {
-    forward_with(gpu, w, tokens, acts, loss)
-}
-
-/// The forward body for any compute type: `W::T` is what the GEMM operands
-/// (weights' compute copies, `u`, `o`, `normed`) are stored in.
-pub fn forward_with<W: StepWeights>(
+/// `loss[0]`. One body for every compute type: `W::T` is what the GEMM
+/// operands (weights' compute copies, `u`, `o`, `normed`) are stored in.
+pub fn forward<W: StepWeights>(
     gpu: &Gpu,
     weights: &W,
     tokens: &DeviceBuffer<i32>,
@@ -81,7 +70,7 @@ pub fn forward_with<W: StepWeights>(
     forward_probed(gpu, weights, tokens, acts, loss, &mut NoProbe)
 }
 
-/// [`forward_with`] telling `probe` where each op begins (the bench's
+/// [`forward`] telling `probe` where each op begins (the bench's
 /// per-family breakdown times the step's own sequence through it).
 pub fn forward_probed<W: StepWeights>(
     gpu: &Gpu,

@@ -2,12 +2,13 @@
 //! copies of the GEMM weights, and the mixed step's ops
 //! (`specs/mamba3_bf16.ron`).
 //!
-//! The forward and backward ops are the generic bodies of
-//! [`super::forward_with`] / [`super::backward_with`] at `bf16`; AdamW updates
-//! the f32 masters exactly as in the f32 step and, in the same multi-tensor
-//! pass, rounds each updated GEMM weight into its bf16 copy, so the next
-//! forward pass sees them. [`sync_master_to_compute`] does that rounding on
-//! its own, for masters written from the host (upload, checkpoint import).
+//! The forward and backward ops are the generic bodies
+//! ([`super::forward`], [`super::backward`]) at `bf16`; AdamW updates the f32
+//! masters exactly as in the f32 step and, in the same multi-tensor pass,
+//! rounds each updated GEMM weight into its bf16 copy
+//! ([`StepWeights::masters_and_copies`] lists them), so the next forward pass
+//! sees them. [`sync_master_to_compute`] does that rounding on its own, for
+//! masters written from the host (upload, checkpoint import).
 
 use half::bf16;
 
@@ -18,11 +19,9 @@ use crate::kernels::mamba3::Mamba3Shape;
 use crate::kernels::precision::Compute;
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu;
-use crate::optim::gpu::{AdamWState, StepScalars};
 
-use super::acts::MixedActs;
-use super::weights::{GemmPair, Grads, StepWeights, Weights};
-use super::{Mamba3GpuError, backward_with, forward_with};
+use super::Mamba3GpuError;
+use super::weights::{GemmPair, StepWeights, Weights};
 
 /// One block's GEMM weights in bf16.
 #[derive(Debug, DevicePtrs)]
@@ -48,16 +47,6 @@ pub struct MixedWeights {
 }
 
 impl MixedWeights {
-    /// Uploads CPU weights as f32 masters and fills the bf16 copies.
-    pub fn upload<T: cpu::Float>(
-        gpu: &Gpu,
-        cfg: &Mamba3Config,
-        w: &cpu::Weights<T>,
-    ) -> Result<Self, Mamba3GpuError> {
-        let master = Weights::upload(gpu, cfg, w)?;
-        Self::from_master(gpu, master)
-    }
-
     /// Allocates bf16 copies for `master` and fills them from it.
     pub fn from_master(gpu: &Gpu, master: Weights) -> Result<Self, Mamba3GpuError> {
         let copy = |b: &DeviceBuffer<f32>| gpu.alloc_zeros::<bf16>(b.len());
@@ -82,12 +71,34 @@ impl MixedWeights {
     pub fn cfg(&self) -> &Mamba3Config {
         &self.master.cfg
     }
+}
 
-    /// The f32 masters, and for each of their tensors in `param_specs` order
-    /// (the order of [`Weights::tensors_mut`]) its bf16 compute copy, `None`
-    /// for tensors without one.
-    #[allow(clippy::type_complexity)] // a pair of borrows, named at the one call site
-    pub fn masters_and_copies(
+impl StepWeights for MixedWeights {
+    type T = bf16;
+
+    /// The f32 masters, and bf16 copies rounded from them.
+    fn upload<F: cpu::Float>(
+        gpu: &Gpu,
+        cfg: &Mamba3Config,
+        w: &cpu::Weights<F>,
+    ) -> Result<Self, Mamba3GpuError> {
+        let master = Weights::upload(gpu, cfg, w)?;
+        Self::from_master(gpu, master)
+    }
+
+    fn master(&self) -> &Weights {
+        &self.master
+    }
+
+    fn master_mut(&mut self) -> &mut Weights {
+        &mut self.master
+    }
+
+    fn masters_changed(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError> {
+        sync_master_to_compute(gpu, self)
+    }
+
+    fn masters_and_copies(
         &mut self,
     ) -> Result<(&mut Weights, Vec<Option<&mut DeviceBuffer<bf16>>>), Mamba3GpuError> {
         let Self {
@@ -130,14 +141,6 @@ impl MixedWeights {
         }
         Ok((master, copies))
     }
-}
-
-impl StepWeights for MixedWeights {
-    type T = bf16;
-
-    fn master(&self) -> &Weights {
-        &self.master
-    }
 
     fn layer_gemm(&self, l: usize) -> Result<GemmPair<'_, bf16>, Mamba3GpuError> {
         let lw = self.layers.get(l).ok_or(Mamba3GpuError::Shape {
@@ -175,42 +178,6 @@ pub fn sync_master_to_compute(gpu: &Gpu, w: &mut MixedWeights) -> Result<(), Mam
         }
     }
     Ok(())
-}
-
-/// The mixed forward op: [`forward_with`] at bf16.
-pub fn forward_mixed(
-    gpu: &Gpu,
-    w: &MixedWeights,
-    tokens: &DeviceBuffer<i32>,
-    acts: &mut MixedActs,
-    loss: &mut DeviceBuffer<f32>,
-) -> Result<(), Mamba3GpuError> {
-    forward_with(gpu, w, tokens, acts, loss)
-}
-
-/// The mixed backward op: [`backward_with`] at bf16; f32 gradients of the
-/// masters.
-pub fn backward_mixed(
-    gpu: &Gpu,
-    w: &MixedWeights,
-    tokens: &DeviceBuffer<i32>,
-    acts: &MixedActs,
-    grads: &mut Grads,
-) -> Result<(), Mamba3GpuError> {
-    backward_with(gpu, w, tokens, acts, grads)
-}
-
-/// AdamW on the f32 masters, exactly the f32 step's update, writing the
-/// bf16 copies of the updated GEMM weights in the same pass.
-pub fn adamw_step_mixed(
-    gpu: &Gpu,
-    grads: &Grads,
-    sched: &StepScalars,
-    w: &mut MixedWeights,
-    adam: &mut AdamWState,
-) -> Result<(), Mamba3GpuError> {
-    let (master, copies) = w.masters_and_copies()?;
-    crate::optim::gpu::fused_update(gpu, grads, &sched.derived, None, master, copies, adam)
 }
 
 /// Bytes of `half_staging` a step of shape `sh` needs in compute type `T`:

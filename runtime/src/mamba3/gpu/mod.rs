@@ -1,15 +1,13 @@
 //! The Mamba-3 SISO language model on the GPU, in f32 and in bf16 mixed
 //! precision: device-resident weights, gradients and activations, and the
-//! ops of the training steps (`specs/mamba3_f32.ron`,
-//! `specs/mamba3_bf16.ron`).
+//! model's ops of the training steps (`specs/mamba3_f32.ron`,
+//! `specs/mamba3_bf16.ron`; the step structs live in [`crate::step`]).
 //!
 //! One forward and one backward body ([`forward_probed`],
-//! [`backward_probed`]; the step ops call them through [`forward_with`] and
-//! [`backward_with`] with the do-nothing [`NoProbe`]), generic over the
-//! compute type of the GEMM operands
-//! ([`crate::kernels::precision::Compute`]): f32 for [`F32Step`], bf16 for
-//! [`Bf16Step`] (f32 masters, bf16 GEMM copies, f32 scan/norms/reductions;
-//! see [`MixedWeights`]).
+//! [`backward_probed`]; the step ops [`forward`] and [`backward`] call them
+//! with the do-nothing [`NoProbe`]), generic over the compute type of the
+//! GEMM operands ([`ModelCompute`]): f32, or bf16 (f32 masters, bf16 GEMM
+//! copies, f32 scan/norms/reductions; see [`MixedWeights`]).
 //!
 //! The math is the CPU oracle's ([`crate::mamba3::cpu`]), with the scan in
 //! its chunked form (reference §2.3): one thread block per (batch row, head)
@@ -23,8 +21,8 @@
 //! Ops ([`zero_grads`], [`forward`], [`backward`]) take the context first and
 //! the step buffers in spec order; they allocate nothing, copy nothing to or
 //! from the host and never synchronize, so they run unchanged under a graph
-//! capture ([`F32Step`] derives the capture/replay code from the spec) and
-//! eagerly (`F32Step::run_eager`).
+//! capture (`step::Mamba3Step` derives the capture/replay code from the
+//! specs) and eagerly.
 //!
 //! A training window always starts from a zero state (no carry across
 //! windows), as the step spec describes; the CPU oracle's `forward(.., None, ..)`.
@@ -34,21 +32,14 @@ mod backward;
 mod forward;
 mod mixed;
 mod probe;
-mod step;
-mod step_bf16;
 mod weights;
 
 pub use acts::{Acts, BackwardWork, LayerActs, MixedActs};
-pub use backward::{backward, backward_probed, backward_with, blocks_backward};
-pub use forward::{blocks_forward, forward, forward_probed, forward_with, zero_grads};
-pub use mixed::{
-    MixedLayer, MixedWeights, adamw_step_mixed, backward_mixed, forward_mixed, presize_staging,
-    staging_bytes, sync_master_to_compute,
-};
+pub use backward::{backward, backward_probed, blocks_backward};
+pub use forward::{blocks_forward, forward, forward_probed, zero_grads};
+pub use mixed::{MixedLayer, MixedWeights, presize_staging, staging_bytes, sync_master_to_compute};
 pub use probe::{Family, NoProbe, Probe};
-pub use step::{F32Step, Mamba3F32Capture, Mamba3F32Graph, Mamba3F32Replay};
-pub use step_bf16::{Bf16Step, Mamba3Bf16Capture, Mamba3Bf16Graph, Mamba3Bf16Replay};
-pub use weights::{GemmPair, Grads, LayerWeights, StepWeights, Weights};
+pub use weights::{GemmPair, Grads, LayerWeights, ModelCompute, StepWeights, Weights};
 
 use thiserror::Error;
 

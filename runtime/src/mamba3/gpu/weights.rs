@@ -2,11 +2,14 @@
 //! AdamW moments), uploaded from and downloaded to the CPU model's
 //! [`cpu::Weights`] in the official tensor order.
 
-use crate::DevicePtrs;
+use half::bf16;
+
 use crate::device::{DeviceBuffer, Gpu};
+use crate::graph::DevicePtrs;
 use crate::kernels::precision::Compute;
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu::{self, check_weights, param_specs};
+use crate::{DevicePtrs, Precision};
 
 use super::acts::BackwardWork;
 use super::{Mamba3GpuError, same};
@@ -185,26 +188,94 @@ impl Weights {
 /// One block's `[in_proj, out_proj]` in compute type `T`.
 pub type GemmPair<'a, T> = [&'a DeviceBuffer<T>; 2];
 
-/// What the generic forward/backward bodies read from a step's weights:
-/// the f32 master tensors, and the GEMM weights (in_proj, out_proj, LM
-/// head) in the compute type `T`. For [`Weights`] the two are the same
-/// tensors; for [`super::MixedWeights`] the GEMM weights are bf16 copies.
-pub trait StepWeights {
+/// What the generic forward/backward bodies read from a step's weights,
+/// and what the step and the engine do with them: the f32 master tensors,
+/// and the GEMM weights (in_proj, out_proj, LM head) in the compute type
+/// `T`. For [`Weights`] the two are the same tensors; for
+/// [`super::MixedWeights`] the GEMM weights are bf16 copies.
+pub trait StepWeights: DevicePtrs + std::fmt::Debug + Sized {
     /// The compute type of the GEMM weights.
     type T: Compute;
+    /// Uploads CPU weights (any precision, rounded once to f32) as masters
+    /// and fills the compute copies, if any.
+    fn upload<F: cpu::Float>(
+        gpu: &Gpu,
+        cfg: &Mamba3Config,
+        w: &cpu::Weights<F>,
+    ) -> Result<Self, Mamba3GpuError>;
     /// The f32 master weights.
     fn master(&self) -> &Weights;
+    /// The f32 master weights, mutably (call
+    /// [`masters_changed`](Self::masters_changed) after writing them).
+    fn master_mut(&mut self) -> &mut Weights;
+    /// Refreshes what derives from the masters (the bf16 copies) after they
+    /// were written from the host: upload, checkpoint import.
+    fn masters_changed(&mut self, gpu: &Gpu) -> Result<(), Mamba3GpuError>;
+    /// The masters, and for each of their tensors in `param_specs` order its
+    /// bf16 compute copy (`None` where it has none; an empty list when no
+    /// tensor has one): what one AdamW pass updates.
+    #[expect(
+        clippy::type_complexity,
+        reason = "a pair of borrows, taken apart at once by the caller"
+    )]
+    fn masters_and_copies(
+        &mut self,
+    ) -> Result<(&mut Weights, Vec<Option<&mut DeviceBuffer<bf16>>>), Mamba3GpuError>;
     /// Layer `l`'s `[in_proj, out_proj]` in the compute type.
     fn layer_gemm(&self, l: usize) -> Result<GemmPair<'_, Self::T>, Mamba3GpuError>;
     /// The LM head (the embedding when tied) in the compute type.
     fn head_gemm(&self) -> &DeviceBuffer<Self::T>;
 }
 
+/// A compute type the model runs in, and the weights a step keeps for it:
+/// the one type parameter of everything above the forward and backward
+/// bodies (`step::Mamba3Step<P>`, the engines, the bench).
+pub trait ModelCompute: Compute {
+    /// The step's weights: f32 [`Weights`] for `f32`, f32 masters with bf16
+    /// copies ([`super::MixedWeights`]) for `bf16`.
+    type Weights: StepWeights<T = Self>;
+    /// The precision's name in specs, flags and reports.
+    const PRECISION: Precision;
+}
+
+impl ModelCompute for f32 {
+    type Weights = Weights;
+    const PRECISION: Precision = Precision::F32;
+}
+
+impl ModelCompute for bf16 {
+    type Weights = super::MixedWeights;
+    const PRECISION: Precision = Precision::Bf16;
+}
+
 impl StepWeights for Weights {
     type T = f32;
 
+    fn upload<F: cpu::Float>(
+        gpu: &Gpu,
+        cfg: &Mamba3Config,
+        w: &cpu::Weights<F>,
+    ) -> Result<Self, Mamba3GpuError> {
+        Weights::upload(gpu, cfg, w)
+    }
+
     fn master(&self) -> &Weights {
         self
+    }
+
+    fn master_mut(&mut self) -> &mut Weights {
+        self
+    }
+
+    fn masters_changed(&mut self, _gpu: &Gpu) -> Result<(), Mamba3GpuError> {
+        // The f32 weights are their own masters: nothing derives from them.
+        Ok(())
+    }
+
+    fn masters_and_copies(
+        &mut self,
+    ) -> Result<(&mut Weights, Vec<Option<&mut DeviceBuffer<bf16>>>), Mamba3GpuError> {
+        Ok((self, Vec::new()))
     }
 
     fn layer_gemm(&self, l: usize) -> Result<GemmPair<'_, f32>, Mamba3GpuError> {

@@ -28,9 +28,8 @@ use crate::kernels::optim as ko;
 use crate::kernels::train as kt;
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu::{ParamSpec, param_specs};
-use crate::mamba3::gpu::{Acts, Grads, Mamba3GpuError, MixedWeights, Weights};
-
-use super::gpu::{AdamWState, StepScalars, fused_update};
+use crate::mamba3::gpu::{Acts, Grads, Mamba3GpuError, StepWeights};
+use crate::optim::gpu::{AdamWState, StepScalars, fused_update};
 
 /// Report slots (`kernels/train.cu`): what one step leaves for the host.
 pub mod report {
@@ -260,36 +259,17 @@ pub fn schedule(
 }
 
 /// AdamW on every tensor with the rescaled, clipped gradient; nothing when
-/// the step is skipped. One multi-tensor pass ([`fused_update`]).
-pub fn adamw_guarded(
+/// the step is skipped. One multi-tensor pass over the f32 masters
+/// ([`fused_update`]) that, in the bf16 step, also writes each updated GEMM
+/// weight's bf16 compute copy (so the step needs no
+/// `sync_master_to_compute` after it; a skipped step leaves masters and
+/// copies as they were).
+pub fn adamw_guarded<W: StepWeights>(
     gpu: &Gpu,
     grads: &Grads,
     sched: &StepScalars,
     control: &StepControl,
-    weights: &mut Weights,
-    adam: &mut AdamWState,
-) -> Result<(), Mamba3GpuError> {
-    fused_update(
-        gpu,
-        grads,
-        &sched.derived,
-        Some(&control.gate),
-        weights,
-        Vec::new(),
-        adam,
-    )
-}
-
-/// [`adamw_guarded`] on the f32 masters of a mixed-precision step, writing
-/// each updated GEMM weight's bf16 compute copy in the same pass (so the
-/// step needs no `sync_master_to_compute` after it; a skipped step leaves
-/// masters and copies as they were).
-pub fn adamw_guarded_mixed(
-    gpu: &Gpu,
-    grads: &Grads,
-    sched: &StepScalars,
-    control: &StepControl,
-    weights: &mut MixedWeights,
+    weights: &mut W,
     adam: &mut AdamWState,
 ) -> Result<(), Mamba3GpuError> {
     let (master, copies) = weights.masters_and_copies()?;
