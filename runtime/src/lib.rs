@@ -6,7 +6,10 @@
 //! CUDA-graph trainers repeat and get wrong. This crate is the runtime those
 //! generated items call into:
 //!
-//! * [`graph`]: the backend trait, pointer snapshots, guards and their errors;
+//! * [`graph`]: the backend trait, pointer snapshots, guards and their errors,
+//!   the [`TrainingStep`](graph::TrainingStep) trait and the one
+//!   [`Precision`] enum;
+//! * [`float`]: the scalar trait host-side math is generic over;
 //! * [`device`]: the CUDA context ([`device::Gpu`]): buffers, NVRTC, cuBLAS,
 //!   scratch, and the graph backend;
 //! * [`kernels`]: the embedded CUDA kernels and their typed launch wrappers;
@@ -25,6 +28,7 @@ extern crate self as stepgraph;
 
 pub mod bench;
 pub mod device;
+pub mod float;
 pub mod graph;
 pub mod kernels;
 pub mod mamba3;

@@ -1,15 +1,16 @@
 //! AdamW against values computed by hand from the torch update rule, the
 //! weight-decay policy, size errors, and gradient clipping.
 
-use stepgraph::mamba3::cpu::{ParamKind, ParamSpec, Weights, param_specs};
+use stepgraph::mamba3::cpu::{Weights, param_specs};
 use stepgraph::mamba3::{Mamba3Config, RopeFraction};
-use stepgraph::optim::{AdamW, AdamWConfig, DecayPolicy, OptimError, clip_grad_norm};
+use stepgraph::optim::{AdamW, AdamWConfig, DecayPolicy, OptimError, Param, clip_grad_norm};
+use stepgraph::step::params;
 
-fn spec(name: &str, kind: ParamKind) -> ParamSpec {
-    ParamSpec {
+fn spec(name: &str, matrix: bool) -> Param {
+    Param {
         name: name.into(),
-        shape: vec![1],
-        kind,
+        numel: 1,
+        matrix,
     }
 }
 
@@ -31,7 +32,7 @@ const CFG: AdamWConfig = AdamWConfig {
 /// = 0.8714672987058463. Step 3 continues the same arithmetic.
 #[test]
 fn adamw_matches_hand_computed_torch_updates() {
-    let specs = [spec("w", ParamKind::Matrix), spec("b", ParamKind::Vector)];
+    let specs = [spec("w", true), spec("b", false)];
     let mut opt = AdamW::<f64>::new(CFG, &specs, &DecayPolicy::default());
     let (mut w, mut b) = (vec![1.0], vec![1.0]);
     let decayed = [0.899000002, 0.8714672987058463, 0.8035310672284472];
@@ -62,7 +63,11 @@ fn default_policy_decays_only_matrices_of_the_model() {
         rope_fraction: RopeFraction::Full,
         ..Mamba3Config::tiny()
     };
-    let opt = AdamW::<f64>::for_model(&cfg, AdamWConfig::default(), &DecayPolicy::default());
+    let opt = AdamW::<f64>::new(
+        AdamWConfig::default(),
+        &params(&cfg),
+        &DecayPolicy::default(),
+    );
     let decayed: Vec<String> = param_specs(&cfg)
         .into_iter()
         .enumerate()
@@ -81,10 +86,10 @@ fn default_policy_decays_only_matrices_of_the_model() {
         ]
     );
     let names = DecayPolicy::Names(["backbone.norm_f.weight".to_owned()].into());
-    let only = AdamW::<f64>::for_model(&cfg, AdamWConfig::default(), &names);
+    let only = AdamW::<f64>::new(AdamWConfig::default(), &params(&cfg), &names);
     let n = param_specs(&cfg).len();
     assert!(only.decays(n - 2) && (0..n).filter(|&i| only.decays(i)).count() == 1);
-    let all = AdamW::<f64>::for_model(&cfg, AdamWConfig::default(), &DecayPolicy::All);
+    let all = AdamW::<f64>::new(AdamWConfig::default(), &params(&cfg), &DecayPolicy::All);
     assert!((0..n).all(|i| all.decays(i)));
 }
 
@@ -95,8 +100,8 @@ fn step_on_model_weights_and_size_errors() {
     let before = w.clone();
     let mut g = Weights::<f32>::zeros(&cfg);
     g.norm_f[0] = 1.0;
-    let mut opt = AdamW::<f32>::for_model(&cfg, AdamWConfig::default(), &DecayPolicy::Nothing);
-    opt.step_weights(&mut w, &g).unwrap();
+    let mut opt = AdamW::<f32>::new(AdamWConfig::default(), &params(&cfg), &DecayPolicy::Nothing);
+    opt.step(&mut w.tensors_mut(), &g.tensors()).unwrap();
     // Only the entry with a gradient moves, by lr (m̂ / sqrt(v̂) = 1).
     assert!((w.norm_f[0] - (before.norm_f[0] - 1e-3)).abs() < 1e-6);
     assert_eq!(w.embedding, before.embedding);
@@ -104,7 +109,7 @@ fn step_on_model_weights_and_size_errors() {
     let mut short = vec![0.0f32; 3];
     let err = opt.step(&mut [&mut short], &[&[0.0; 3]]).unwrap_err();
     assert!(matches!(err, OptimError::TensorCount { .. }), "{err}");
-    let specs = [spec("x", ParamKind::Vector)];
+    let specs = [spec("x", false)];
     let mut small = AdamW::<f64>::new(CFG, &specs, &DecayPolicy::All);
     let mut p = vec![0.0; 2];
     let err = small.step(&mut [&mut p], &[&[0.0, 0.0]]).unwrap_err();

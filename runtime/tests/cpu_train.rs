@@ -11,12 +11,12 @@ fn train<T: Float>(cfg: &Mamba3Config, tokens: &Tokens, steps: usize) -> Vec<f64
         lr: 1e-2,
         ..AdamWConfig::default()
     };
-    let mut opt = AdamW::<T>::for_model(cfg, adam, &DecayPolicy::default());
+    let mut opt = AdamW::<T>::new(adam, &stepgraph::step::params(cfg), &DecayPolicy::default());
     let mut losses = Vec::with_capacity(steps);
     for _ in 0..steps {
         let fwd = forward(cfg, &w, tokens, None, ScanMode::Chunked).unwrap();
         let grads = backward(cfg, &w, &fwd);
-        opt.step_weights(&mut w, &grads).unwrap();
+        opt.step(&mut w.tensors_mut(), &grads.tensors()).unwrap();
         losses.push(fwd.loss);
     }
     losses

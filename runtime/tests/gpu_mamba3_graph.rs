@@ -21,7 +21,7 @@ use stepgraph::mamba3::gpu::{
     Acts, Grads, Mamba3GpuError, ModelCompute, StepWeights, backward, forward,
 };
 use stepgraph::optim::{AdamWConfig, DecayPolicy};
-use stepgraph::step::{Bf16Step, F32Step, Mamba3Step, loss_weights_for};
+use stepgraph::step::{Bf16Step, F32Step, Mamba3Step, StepError, loss_weights_for};
 
 fn shape(batch: usize, seq_len: usize) -> ShapeKey {
     ShapeKey { batch, seq_len }
@@ -176,7 +176,10 @@ fn move_buffer<P: ModelCompute>(
     }
     match which {
         "weights" => realloc(gpu, &mut s.weights.master_mut().layers[1].out_proj, keep),
-        "adam" => realloc(gpu, &mut s.adam.v.norm_f, keep),
+        "adam" => {
+            let norm_f = s.adam.v.by_name_mut("backbone.norm_f.weight");
+            realloc(gpu, norm_f.expect("norm_f moment"), keep);
+        }
         "sched" => realloc(gpu, &mut s.sched.derived, keep),
         "grads" => realloc(gpu, &mut s.grads.work.dproj, keep),
         "acts" => realloc(gpu, &mut s.acts.layers[0].u, keep),
@@ -299,7 +302,11 @@ fn scratch_that_would_grow_after_capture_is_a_typed_error() {
         16,
         16,
     ) {
-        Err(Mamba3GpuError::Gpu(GpuError::ScratchFrozen { name, have, want })) => {
+        Err(StepError::Model(Mamba3GpuError::Gpu(GpuError::ScratchFrozen {
+            name,
+            have,
+            want,
+        }))) => {
             assert_eq!(name, HALF_STAGING);
             assert_eq!(have, before);
             assert!(want > have, "{want} vs {have}");
@@ -460,13 +467,8 @@ fn step_time_breakdown() {
         "schedule + fused adamw",
         median_ms(&gpu, 10, &mut || {
             g(advance_schedule(&gpu, &mut s.sched))?;
-            e(adamw_step(
-                &gpu,
-                &s.grads,
-                &s.sched,
-                &mut s.weights,
-                &mut s.adam,
-            ))
+            adamw_step(&gpu, &s.grads, &s.sched, &mut s.weights, &mut s.adam)
+                .map_err(|e| e.to_string())
         }),
     ));
     // The shared q/k hold the last layer's; the timing does not care.

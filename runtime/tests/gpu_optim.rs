@@ -24,8 +24,7 @@ use stepgraph::device::{DeviceBuffer, Gpu, GpuError};
 use stepgraph::kernels::mamba3_bwd::{advance_schedule, colsum, colsum_partials};
 use stepgraph::kernels::optim::{self as ko, AdamTensor};
 use stepgraph::kernels::train::{ScheduleArgs, schedule};
-use stepgraph::mamba3::cpu::{ParamKind, ParamSpec};
-use stepgraph::optim::{AdamW, AdamWConfig, DecayPolicy, clip_grad_norm};
+use stepgraph::optim::{AdamW, AdamWConfig, DecayPolicy, Param, clip_grad_norm};
 
 const LR: f64 = 1e-2;
 const WD: f64 = 0.1;
@@ -255,13 +254,13 @@ fn host_norm(grads: &[Vec<f32>], gscale: f64) -> f64 {
 }
 
 fn cpu_optimizer(lens: &[usize], decay: &[bool], config: AdamWConfig) -> AdamW<f64> {
-    let specs: Vec<ParamSpec> = lens
+    let specs: Vec<Param> = lens
         .iter()
         .enumerate()
-        .map(|(i, &n)| ParamSpec {
+        .map(|(i, &n)| Param {
             name: format!("t{i}"),
-            shape: vec![n],
-            kind: ParamKind::Vector,
+            numel: n,
+            matrix: false,
         })
         .collect();
     let names: HashSet<String> = decay

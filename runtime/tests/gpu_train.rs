@@ -19,7 +19,7 @@ use stepgraph::mamba3::gpu::ModelCompute;
 use stepgraph::optim::{AdamWConfig, DecayPolicy};
 use stepgraph::step::Mamba3Step;
 use stepgraph::train::data::{Batch, DataSpec, Dataset, Task};
-use stepgraph::train::run::rotation_rows;
+use stepgraph::train::engine::rotation_rows;
 use stepgraph::train::{
     CpuEngine, EngineState, GpuEngine, GpuF32Engine, LrSchedule, OptimSettings, StepMetrics,
     TrainEngine,

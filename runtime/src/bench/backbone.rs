@@ -24,6 +24,7 @@ use crate::mamba3::gpu::{
 };
 use crate::optim::gpu::{AdamWState, StepScalars};
 use crate::optim::{AdamWConfig, DecayPolicy};
+use crate::step::StepError;
 
 /// The backbone step's buffers at compute type `P`.
 #[derive(Debug, TrainingGraph)]
@@ -81,14 +82,14 @@ impl<P: ModelCompute> Backbone<P> {
         batch: usize,
         seq_len: usize,
         seed: u64,
-    ) -> Result<Self, Mamba3GpuError> {
-        let w = cpu::Weights::<f32>::init(cfg, seed)?;
+    ) -> Result<Self, StepError> {
+        let w = cpu::Weights::<f32>::init(cfg, seed).map_err(Mamba3GpuError::from)?;
         let acts = Acts::<DeviceBuffer<P>>::new(gpu, cfg, batch, seq_len)?;
         presize_staging::<P>(gpu, &acts.shape)?;
         let [input, upstream] = random_inputs(gpu, acts.shape.rows, cfg.d_model, seed)?;
         Ok(Self {
             weights: P::Weights::upload(gpu, cfg, &w)?,
-            adam: AdamWState::new(gpu, cfg, &DecayPolicy::default())?,
+            adam: AdamWState::new(gpu, &crate::step::params(cfg), &DecayPolicy::default())?,
             sched: StepScalars::new(gpu, &AdamWConfig::default())?,
             grads: Grads::new(gpu, cfg, batch, seq_len)?,
             acts,

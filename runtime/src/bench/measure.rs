@@ -101,7 +101,7 @@ fn gib(b: u64) -> f64 {
     b / f64::from(1u32 << 30)
 }
 
-fn is_out_of_memory(e: &Mamba3GpuError) -> bool {
+fn is_out_of_memory(e: &impl std::fmt::Display) -> bool {
     let t = e.to_string().to_ascii_lowercase();
     t.contains("out_of_memory") || t.contains("out of memory")
 }

@@ -58,6 +58,9 @@ pub enum BenchError {
     /// A model op failed.
     #[error(transparent)]
     Model(#[from] Mamba3GpuError),
+    /// Building or running a training step failed.
+    #[error(transparent)]
+    Step(#[from] crate::step::StepError),
     /// Capture or replay failed.
     #[error(transparent)]
     Graph(#[from] GraphError),

@@ -10,15 +10,33 @@
 //!
 //! Bias corrections are computed in f64 (Python floats in torch). Which
 //! tensors decay is a [`DecayPolicy`]; the default decays only the 2-D
-//! matrices (embedding, `in_proj`, `out_proj`, an untied `lm_head`), as the
-//! official training recipes exclude norms, biases, `dt_bias` and `D`.
+//! matrices (for Mamba-3: embedding, `in_proj`, `out_proj`, an untied
+//! `lm_head`), as the official training recipes exclude norms, biases,
+//! `dt_bias` and `D`.
+//!
+//! The optimizer knows no model: it updates a list of named tensors, each
+//! described by a [`Param`] (name, length, whether it is a matrix), like a
+//! `torch.optim` param group. The step layer lists a model's parameters as
+//! such a group (`step::params`).
 
 use std::collections::HashSet;
 
 use thiserror::Error;
 
-use crate::mamba3::Mamba3Config;
-use crate::mamba3::cpu::{Float, Grads, ParamKind, ParamSpec, Weights, param_specs};
+use crate::float::Float;
+
+/// One tensor the optimizer updates: what decay policies and error messages
+/// need to know of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Param {
+    /// Its name (for a model's parameters, the checkpoint name).
+    pub name: String,
+    /// Elements.
+    pub numel: usize,
+    /// Whether it is a weight matrix (decayed by [`DecayPolicy::MatricesOnly`])
+    /// rather than a vector of norms, biases or per-head scalars.
+    pub matrix: bool,
+}
 
 /// Hyper-parameters (torch defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,7 +68,7 @@ impl Default for AdamWConfig {
 /// Which parameters receive weight decay.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum DecayPolicy {
-    /// Only [`ParamKind::Matrix`] tensors (embedding, projections, LM head).
+    /// Only matrices ([`Param::matrix`]: embedding, projections, LM head).
     #[default]
     MatricesOnly,
     /// Every tensor.
@@ -62,19 +80,20 @@ pub enum DecayPolicy {
 }
 
 impl DecayPolicy {
-    /// Whether `spec` decays under this policy.
-    pub fn decays(&self, spec: &ParamSpec) -> bool {
+    /// Whether `param` decays under this policy.
+    pub fn decays(&self, param: &Param) -> bool {
         match self {
-            Self::MatricesOnly => spec.kind == ParamKind::Matrix,
+            Self::MatricesOnly => param.matrix,
             Self::All => true,
             Self::Nothing => false,
-            Self::Names(names) => names.contains(&spec.name),
+            Self::Names(names) => names.contains(&param.name),
         }
     }
 }
 
-/// Parameters and gradients that do not line up with the optimiser state.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
+/// Parameters and gradients that do not line up with the optimiser state,
+/// or a device update that failed.
+#[derive(Debug, Error)]
 pub enum OptimError {
     /// A different number of tensors than the optimiser was built for.
     #[error("optimizer built for {expected} tensors, got {found}")]
@@ -91,11 +110,23 @@ pub enum OptimError {
         name: String,
         /// Size in the optimiser state.
         expected: usize,
-        /// `"parameter"` or `"gradient"`.
+        /// `"parameter"`, `"gradient"` or `"bf16 copy"`.
         what: &'static str,
         /// Size passed.
         found: usize,
     },
+    /// The device update failed (or was refused in a capture).
+    #[error(transparent)]
+    Gpu(#[from] crate::device::GpuError),
+}
+
+impl crate::graph::OpError for OptimError {
+    fn capture_violation(&self) -> Option<&crate::graph::CaptureViolation> {
+        match self {
+            Self::Gpu(e) => crate::graph::OpError::capture_violation(e),
+            _ => None,
+        }
+    }
 }
 
 /// AdamW state for a list of named tensors.
@@ -111,21 +142,16 @@ pub struct AdamW<T> {
 }
 
 impl<T: Float> AdamW<T> {
-    /// Zero moments for the tensors described by `specs`.
-    pub fn new(config: AdamWConfig, specs: &[ParamSpec], policy: &DecayPolicy) -> Self {
+    /// Zero moments for the tensors `params` lists, in that order.
+    pub fn new(config: AdamWConfig, params: &[Param], policy: &DecayPolicy) -> Self {
         Self {
             config,
             step: 0,
-            names: specs.iter().map(|s| s.name.clone()).collect(),
-            decay: specs.iter().map(|s| policy.decays(s)).collect(),
-            m: specs.iter().map(|s| vec![T::ZERO; s.numel()]).collect(),
-            v: specs.iter().map(|s| vec![T::ZERO; s.numel()]).collect(),
+            names: params.iter().map(|p| p.name.clone()).collect(),
+            decay: params.iter().map(|p| policy.decays(p)).collect(),
+            m: params.iter().map(|p| vec![T::ZERO; p.numel]).collect(),
+            v: params.iter().map(|p| vec![T::ZERO; p.numel]).collect(),
         }
-    }
-
-    /// Zero moments for every parameter of a model with config `cfg`.
-    pub fn for_model(cfg: &Mamba3Config, config: AdamWConfig, policy: &DecayPolicy) -> Self {
-        Self::new(config, &param_specs(cfg), policy)
     }
 
     /// Steps taken so far.
@@ -190,16 +216,6 @@ impl<T: Float> AdamW<T> {
             }
         }
         Ok(())
-    }
-
-    /// One update of a model's weights by its gradients.
-    pub fn step_weights(
-        &mut self,
-        weights: &mut Weights<T>,
-        grads: &Grads<T>,
-    ) -> Result<(), OptimError> {
-        let mut params = weights.tensors_mut();
-        self.step(&mut params, &grads.tensors())
     }
 }
 

@@ -15,37 +15,87 @@ use half::bf16;
 
 use crate::DevicePtrs;
 use crate::device::{DeviceBuffer, Gpu, GpuError};
+use crate::graph::{DevicePtr, TensorPath};
 use crate::kernels::mamba3_bwd as kb;
 use crate::kernels::optim as ko;
-use crate::mamba3::Mamba3Config;
-use crate::mamba3::cpu::param_specs;
-use crate::mamba3::gpu::{Grads, Mamba3GpuError, Weights};
 
-use super::{AdamWConfig, DecayPolicy};
+use super::{AdamWConfig, DecayPolicy, OptimError, Param};
+
+/// One f32 device tensor per [`Param`] of a group, named like it: an AdamW
+/// moment. Guard messages name a moved tensor by its parameter name.
+#[derive(Debug)]
+pub struct Moments {
+    names: Vec<String>,
+    tensors: Vec<DeviceBuffer<f32>>,
+}
+
+impl Moments {
+    /// Zero tensors, one per param.
+    pub fn zeros(gpu: &Gpu, params: &[Param]) -> Result<Self, GpuError> {
+        let mut tensors = Vec::with_capacity(params.len());
+        for p in params {
+            tensors.push(gpu.alloc_zeros::<f32>(p.numel)?);
+        }
+        Ok(Self {
+            names: params.iter().map(|p| p.name.clone()).collect(),
+            tensors,
+        })
+    }
+
+    /// The tensors, in param order.
+    pub fn tensors(&self) -> Vec<&DeviceBuffer<f32>> {
+        self.tensors.iter().collect()
+    }
+
+    /// The tensors, mutably, in param order.
+    pub fn tensors_mut(&mut self) -> Vec<&mut DeviceBuffer<f32>> {
+        self.tensors.iter_mut().collect()
+    }
+
+    /// The param names, in order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The tensor of the param called `name`.
+    pub fn by_name_mut(&mut self, name: &str) -> Option<&mut DeviceBuffer<f32>> {
+        let i = self.names.iter().position(|n| n == name)?;
+        self.tensors.get_mut(i)
+    }
+
+    /// Every tensor copied to the host, in param order (synchronizes).
+    pub fn download(&self, gpu: &Gpu) -> Result<Vec<Vec<f32>>, GpuError> {
+        self.tensors.iter().map(|t| gpu.to_host(t)).collect()
+    }
+}
+
+impl crate::graph::DevicePtrs for Moments {
+    fn visit_ptrs(&self, path: &TensorPath<'_>, visit: &mut dyn FnMut(&TensorPath<'_>, DevicePtr)) {
+        for (name, t) in self.names.iter().zip(&self.tensors) {
+            t.visit_ptrs(&path.field(name), visit);
+        }
+    }
+}
 
 /// First and second moments, one pair per parameter tensor.
 #[derive(Debug, DevicePtrs)]
 pub struct AdamWState {
     /// First moments.
-    pub m: Weights,
+    pub m: Moments,
     /// Second moments.
-    pub v: Weights,
-    /// Whether each tensor (in `param_specs` order) decays.
+    pub v: Moments,
+    /// Whether each tensor (in param order) decays.
     #[ptrs(skip)]
     pub decay: Vec<bool>,
 }
 
 impl AdamWState {
-    /// Zero moments for a model with config `cfg`.
-    pub fn new(
-        gpu: &Gpu,
-        cfg: &Mamba3Config,
-        policy: &DecayPolicy,
-    ) -> Result<Self, Mamba3GpuError> {
+    /// Zero moments for the tensors `params` lists.
+    pub fn new(gpu: &Gpu, params: &[Param], policy: &DecayPolicy) -> Result<Self, GpuError> {
         Ok(Self {
-            m: Weights::zeros(gpu, cfg)?,
-            v: Weights::zeros(gpu, cfg)?,
-            decay: param_specs(cfg).iter().map(|s| policy.decays(s)).collect(),
+            m: Moments::zeros(gpu, params)?,
+            v: Moments::zeros(gpu, params)?,
+            decay: params.iter().map(|p| policy.decays(p)).collect(),
         })
     }
 }
@@ -101,57 +151,66 @@ pub fn advance_schedule(gpu: &Gpu, sched: &mut StepScalars) -> Result<(), GpuErr
     kb::advance_schedule(gpu, &sched.hyper, &mut sched.step, &mut sched.derived)
 }
 
-/// AdamW on every parameter tensor in one multi-tensor pass
+/// One tensor of a [`fused_update`]: the parameter (f32 master), its
+/// gradient, and its bf16 compute copy if it has one.
+pub struct Update<'a> {
+    /// The parameter, updated in place.
+    pub param: &'a mut DeviceBuffer<f32>,
+    /// Its gradient.
+    pub grad: &'a DeviceBuffer<f32>,
+    /// A bf16 copy the pass rewrites from the updated parameter.
+    pub copy: Option<&'a mut DeviceBuffer<bf16>>,
+}
+
+/// AdamW on every tensor of `updates` (in the order the state was built
+/// with) in one multi-tensor pass
 /// ([`kernels::optim::adamw`](crate::kernels::optim::adamw)): `derived` holds
 /// the step's scalars, `gate` (when given) the clip coefficient, skip flag
-/// and gradient scale. `copies` is empty, or holds one entry per parameter
-/// (in `param_specs` order): the bf16 compute copy the pass rewrites from the
-/// updated master, where the tensor has one.
+/// and gradient scale; each bf16 copy is rewritten from its updated master
+/// in the same pass.
 pub fn fused_update(
     gpu: &Gpu,
-    grads: &Grads,
+    updates: Vec<Update<'_>>,
     derived: &DeviceBuffer<f32>,
     gate: Option<&DeviceBuffer<f32>>,
-    weights: &mut Weights,
-    mut copies: Vec<Option<&mut DeviceBuffer<bf16>>>,
     adam: &mut AdamWState,
-) -> Result<(), Mamba3GpuError> {
-    let gs = grads.params.tensors();
-    let ps = weights.tensors_mut();
-    let ms = adam.m.tensors_mut();
-    let vs = adam.v.tensors_mut();
-    let n = gs.len();
-    for (what, found) in [
-        ("weights", ps.len()),
-        ("first moments", ms.len()),
-        ("second moments", vs.len()),
-        ("decay flags", adam.decay.len()),
-    ] {
-        crate::mamba3::gpu::same(what, n, found)?;
+) -> Result<(), OptimError> {
+    let AdamWState { m, v, decay } = adam;
+    let n = m.tensors.len();
+    for found in [updates.len(), v.tensors.len(), decay.len()] {
+        if found != n {
+            return Err(OptimError::TensorCount { expected: n, found });
+        }
     }
-    if copies.is_empty() {
-        copies.resize_with(n, || None);
-    }
-    crate::mamba3::gpu::same("bf16 compute copies", n, copies.len())?;
     let mut list = Vec::with_capacity(n);
-    for (((((grad, param), m), v), &decay), copy) in gs
+    for (((u, (name, m)), v), &decay) in updates
         .into_iter()
-        .zip(ps)
-        .zip(ms)
-        .zip(vs)
-        .zip(&adam.decay)
-        .zip(copies)
+        .zip(m.names.iter().zip(m.tensors.iter_mut()))
+        .zip(v.tensors.iter_mut())
+        .zip(decay.iter())
     {
-        if let Some(c) = copy.as_deref() {
-            // A copy of another tensor's shape would be a mis-ordered list.
-            crate::mamba3::gpu::same("bf16 copy length", param.len(), c.len())?;
+        // A tensor of another length would be a mis-ordered list.
+        let copy_len = u.copy.as_deref().map_or(m.len(), DeviceBuffer::len);
+        for (what, found) in [
+            ("parameter", u.param.len()),
+            ("gradient", u.grad.len()),
+            ("bf16 copy", copy_len),
+        ] {
+            if found != m.len() {
+                return Err(OptimError::TensorSize {
+                    name: name.clone(),
+                    expected: m.len(),
+                    what,
+                    found,
+                });
+            }
         }
         list.push(ko::AdamTensor {
-            param,
-            grad,
+            param: u.param,
+            grad: u.grad,
             m,
             v,
-            copy,
+            copy: u.copy,
             decay,
         });
     }

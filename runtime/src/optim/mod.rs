@@ -1,9 +1,11 @@
-//! Optimisers for the CPU reference: AdamW with PyTorch semantics and
-//! global gradient-norm clipping; [`gpu`] is the device AdamW, checked against these.
-//! (The device-side schedule, clipping, skip and loss weights are the training
-//! step's: [`crate::step::control`].)
+//! The optimizer, model-agnostic: AdamW with PyTorch semantics over a list
+//! of named tensors ([`Param`]s, a `torch.optim` param group), on the host
+//! ([`AdamW`], with global gradient-norm clipping) and on the device
+//! ([`gpu`], checked against the host one). It imports no model; the step
+//! layer hands it a model's parameters, and owns what a training step does
+//! around the update (loss weights, clipping, skip, schedule).
 
 mod adamw;
 pub mod gpu;
 
-pub use adamw::{AdamW, AdamWConfig, DecayPolicy, OptimError, clip_grad_norm};
+pub use adamw::{AdamW, AdamWConfig, DecayPolicy, OptimError, Param, clip_grad_norm};

@@ -31,6 +31,8 @@ use crate::mamba3::cpu::{ParamSpec, param_specs};
 use crate::mamba3::gpu::{Acts, Grads, Mamba3GpuError, StepWeights};
 use crate::optim::gpu::{AdamWState, StepScalars, fused_update};
 
+use super::StepError;
+
 /// Report slots (`kernels/train.cu`): what one step leaves for the host.
 pub mod report {
     /// The weighted loss.
@@ -271,17 +273,10 @@ pub fn adamw_guarded<W: StepWeights>(
     control: &StepControl,
     weights: &mut W,
     adam: &mut AdamWState,
-) -> Result<(), Mamba3GpuError> {
-    let (master, copies) = weights.masters_and_copies()?;
-    fused_update(
-        gpu,
-        grads,
-        &sched.derived,
-        Some(&control.gate),
-        master,
-        copies,
-        adam,
-    )
+) -> Result<(), StepError> {
+    let list = super::updates(weights, grads)?;
+    fused_update(gpu, list, &sched.derived, Some(&control.gate), adam)?;
+    Ok(())
 }
 
 #[cfg(test)]

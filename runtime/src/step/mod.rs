@@ -24,13 +24,77 @@ pub mod control;
 
 pub use control::{FrozenSlice, StepControl, loss_weights_for, report};
 
+use thiserror::Error;
+
 use crate::TrainingGraph;
-use crate::device::{DeviceBuffer, Gpu};
+use crate::device::{DeviceBuffer, Gpu, GpuError};
+use crate::graph::{CaptureViolation, OpError};
 use crate::mamba3::Mamba3Config;
-use crate::mamba3::cpu;
+use crate::mamba3::cpu::{self, ParamKind, param_specs};
 use crate::mamba3::gpu::{Acts, Grads, Mamba3GpuError, ModelCompute, StepWeights, presize_staging};
-use crate::optim::gpu::{AdamWState, StepScalars, fused_update};
-use crate::optim::{AdamWConfig, DecayPolicy};
+use crate::optim::gpu::{AdamWState, StepScalars, Update, fused_update};
+use crate::optim::{AdamWConfig, DecayPolicy, OptimError, Param};
+
+/// What building or running a training step can fail with: the model's
+/// errors or the optimizer's (which know nothing of each other).
+#[derive(Debug, Error)]
+pub enum StepError {
+    /// A model op or buffer failed.
+    #[error(transparent)]
+    Model(#[from] Mamba3GpuError),
+    /// The optimizer failed.
+    #[error(transparent)]
+    Optim(#[from] OptimError),
+}
+
+impl From<GpuError> for StepError {
+    fn from(e: GpuError) -> Self {
+        Self::Model(Mamba3GpuError::Gpu(e))
+    }
+}
+
+impl OpError for StepError {
+    fn capture_violation(&self) -> Option<&CaptureViolation> {
+        match self {
+            Self::Model(e) => e.capture_violation(),
+            Self::Optim(e) => e.capture_violation(),
+        }
+    }
+}
+
+/// A Mamba-3 model's parameters as one optimizer param group, in
+/// `param_specs` (checkpoint) order: what the optimizer updates.
+pub fn params(cfg: &Mamba3Config) -> Vec<Param> {
+    param_specs(cfg)
+        .into_iter()
+        .map(|s| Param {
+            numel: s.numel(),
+            matrix: s.kind == ParamKind::Matrix,
+            name: s.name,
+        })
+        .collect()
+}
+
+/// The optimizer's view of one update: each f32 master with its gradient
+/// and its bf16 compute copy, if any, in param order.
+pub(crate) fn updates<'a, W: StepWeights>(
+    weights: &'a mut W,
+    grads: &'a Grads,
+) -> Result<Vec<Update<'a>>, StepError> {
+    let (master, copies) = weights.masters_and_copies()?;
+    let mut copies = copies.into_iter();
+    let out = master
+        .tensors_mut()
+        .into_iter()
+        .zip(grads.params.tensors())
+        .map(|(param, grad)| Update {
+            param,
+            grad,
+            copy: copies.next().flatten(),
+        })
+        .collect();
+    Ok(out)
+}
 
 /// One training step's buffers, at compute type `P`; the graph lives beside
 /// the memory it points into.
@@ -76,7 +140,7 @@ impl<P: ModelCompute> Mamba3Step<P> {
         policy: &DecayPolicy,
         batch: usize,
         seq_len: usize,
-    ) -> Result<Self, Mamba3GpuError> {
+    ) -> Result<Self, StepError> {
         let acts = Acts::<DeviceBuffer<P>>::new(gpu, cfg, batch, seq_len)?;
         presize_staging::<P>(gpu, &acts.shape)?;
         let rows = acts.shape.rows;
@@ -87,7 +151,7 @@ impl<P: ModelCompute> Mamba3Step<P> {
         })?;
         Ok(Self {
             weights: P::Weights::upload(gpu, cfg, weights)?,
-            adam: AdamWState::new(gpu, cfg, policy)?,
+            adam: AdamWState::new(gpu, &params(cfg), policy)?,
             sched: StepScalars::new(gpu, adamw)?,
             grads: Grads::new(gpu, cfg, batch, seq_len)?,
             acts,
@@ -149,7 +213,8 @@ pub fn adamw_step<W: StepWeights>(
     sched: &StepScalars,
     weights: &mut W,
     adam: &mut AdamWState,
-) -> Result<(), Mamba3GpuError> {
-    let (master, copies) = weights.masters_and_copies()?;
-    fused_update(gpu, grads, &sched.derived, None, master, copies, adam)
+) -> Result<(), StepError> {
+    let list = updates(weights, grads)?;
+    fused_update(gpu, list, &sched.derived, None, adam)?;
+    Ok(())
 }

@@ -31,7 +31,7 @@ use super::schedule::LrSchedule;
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::cpu::{
     Float, ForwardOutput, Grads, ModelError, ScanMode, Tokens, Weights, backward, check_weights,
-    forward, param_specs,
+    forward,
 };
 use crate::optim::clip_grad_norm;
 
@@ -64,11 +64,11 @@ impl CpuEngine {
         settings: OptimSettings,
     ) -> Result<Self, EngineError> {
         check_weights(&cfg, &weights)?;
-        let specs = param_specs(&cfg);
-        let decay = specs.iter().map(|s| settings.decay.decays(s)).collect();
-        let moments = specs
+        let params = crate::step::params(&cfg);
+        let decay = params.iter().map(|p| settings.decay.decays(p)).collect();
+        let moments = params
             .iter()
-            .map(|s| (vec![0.0; s.numel()], vec![0.0; s.numel()]))
+            .map(|p| (vec![0.0; p.numel], vec![0.0; p.numel]))
             .collect();
         let schedule = LrSchedule {
             peak: settings.adam.lr,
@@ -394,8 +394,11 @@ mod tests {
         let cfg = tiny();
         let w = Weights::<f32>::init(&cfg, 3).unwrap();
         let mut engine = CpuEngine::new(cfg.clone(), w.clone(), settings(None)).unwrap();
-        let mut reference =
-            AdamW::<f32>::for_model(&cfg, settings(None).adam, &DecayPolicy::MatricesOnly);
+        let mut reference = AdamW::<f32>::new(
+            settings(None).adam,
+            &crate::step::params(&cfg),
+            &DecayPolicy::MatricesOnly,
+        );
         let mut ref_w = w;
         for (k, lr) in [1e-2, 5e-3, 2e-3].into_iter().enumerate() {
             // Deterministic, non-trivial gradients of every tensor.
@@ -407,7 +410,9 @@ mod tests {
             }
             engine.adamw(&g, lr);
             reference.config.lr = lr;
-            reference.step_weights(&mut ref_w, &g).unwrap();
+            reference
+                .step(&mut ref_w.tensors_mut(), &g.tensors())
+                .unwrap();
         }
         assert_eq!(bits(engine.weights()), bits(&ref_w));
         for (i, (m, v)) in engine.moments.iter().enumerate() {
@@ -485,7 +490,7 @@ mod tests {
     #[test]
     fn frozen_rows_never_move() {
         let cfg = tiny();
-        let frozen = crate::train::run::rotation_rows(&cfg);
+        let frozen = crate::train::engine::rotation_rows(&cfg);
         assert_eq!(frozen.len(), cfg.n_layer);
         let mut w = Weights::<f32>::init(&cfg, 4).unwrap();
         let (f, before_rest) = (&frozen[0], w.layers[0].in_proj.clone());

@@ -132,9 +132,21 @@ pub enum EngineError {
     /// A GPU call, kernel launch or buffer operation failed.
     #[error("GPU: {0}")]
     Gpu(#[from] crate::mamba3::gpu::Mamba3GpuError),
+    /// The optimizer failed on the device.
+    #[error("optimizer: {0}")]
+    Optim(#[from] crate::optim::OptimError),
     /// The captured graph refused a replay or failed to capture.
     #[error("graph: {0}")]
     Graph(#[from] crate::graph::GraphError),
+}
+
+impl From<crate::step::StepError> for EngineError {
+    fn from(e: crate::step::StepError) -> Self {
+        match e {
+            crate::step::StepError::Model(e) => Self::Gpu(e),
+            crate::step::StepError::Optim(e) => Self::Optim(e),
+        }
+    }
 }
 
 impl From<crate::device::GpuError> for EngineError {
@@ -277,4 +289,20 @@ pub trait TrainEngine {
     fn export_state(&mut self) -> Result<EngineState, EngineError>;
     /// Replaces weights, moments and counters (resume).
     fn import_state(&mut self, state: EngineState) -> Result<(), EngineError>;
+}
+
+/// The `in_proj` rows producing the rotation angles, per layer: frozen (and
+/// zeroed) for the `--no-rotation` ablation.
+pub fn rotation_rows(cfg: &Mamba3Config) -> Vec<Frozen> {
+    let layout = cfg.in_proj_layout();
+    crate::mamba3::cpu::param_specs(cfg)
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.name.ends_with(".mixer.in_proj.weight"))
+        .map(|(tensor, _)| Frozen {
+            tensor,
+            start: layout.angles * cfg.d_model,
+            end: layout.width * cfg.d_model,
+        })
+        .collect()
 }

@@ -380,12 +380,7 @@ where
         let weights = self.step.weights.master().download(gpu)?;
         let m = self.step.adam.m.download(gpu)?;
         let v = self.step.adam.v.download(gpu)?;
-        let moments: Vec<Moments> = m
-            .tensors()
-            .into_iter()
-            .zip(v.tensors())
-            .map(|(a, b)| (a.to_vec(), b.to_vec()))
-            .collect();
+        let moments: Vec<Moments> = m.into_iter().zip(v).collect();
         let (steps, skipped) = self.step.control.counters(gpu)?;
         Ok(EngineState {
             weights,

@@ -31,7 +31,7 @@ use super::checkpoint::{self, CHECKPOINTS_DIR, Found, TrainState};
 use super::config::{self, Change, Device, RunConfig, Setting};
 use super::cpu::CpuEngine;
 use super::data::{Batch, DataSpec, Dataset, EvalSet};
-use super::engine::{Frozen, OptimSettings, TrainEngine};
+use super::engine::{OptimSettings, TrainEngine, rotation_rows};
 use super::gpu::{GpuBf16Engine, GpuF32Engine};
 use super::memory::{self, Holder};
 use super::plot;
@@ -168,22 +168,6 @@ pub fn resolve_device(device: Device, precision: Precision) -> Result<Resolved, 
 /// The first line of an error message, for one-line notices and errors.
 pub(crate) fn one_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
-}
-
-/// The `in_proj` rows producing the rotation angles, per layer: frozen (and
-/// zeroed) for the `--no-rotation` ablation.
-pub fn rotation_rows(cfg: &Mamba3Config) -> Vec<Frozen> {
-    let layout = cfg.in_proj_layout();
-    crate::mamba3::cpu::param_specs(cfg)
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.name.ends_with(".mixer.in_proj.weight"))
-        .map(|(tensor, _)| Frozen {
-            tensor,
-            start: layout.angles * cfg.d_model,
-            end: layout.width * cfg.d_model,
-        })
-        .collect()
 }
 
 /// The run with its `--data` path made absolute, so a resume from another

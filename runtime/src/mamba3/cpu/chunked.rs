@@ -29,9 +29,9 @@
 //! At the end of the window the shift is zero, so the final state equals the
 //! recurrent `S_{T-1}`.
 
-use super::float::Float;
 use super::ops::{axpy, dot};
 use super::scan::{HeadCarry, HeadInputs, ScanShapeError};
+use crate::float::Float;
 
 /// Every intermediate of the chunked forward pass for one (batch row, head).
 #[derive(Debug, Clone)]

@@ -21,9 +21,9 @@
 //! chunked GPU backward can be checked against it stage by stage.
 
 use super::chunked::ChunkedHead;
-use super::float::Float;
 use super::ops::{axpy, dot};
 use super::scan::{HeadCarry, HeadGrads, HeadInputs, ScanShapeError};
+use crate::float::Float;
 
 /// Gradients of one head's chunked scan: the SSD-level intermediates and the
 /// totals with respect to the per-step inputs.

@@ -18,11 +18,11 @@
 use rayon::prelude::*;
 
 use super::chunked::{ChunkedHead, chunked_forward_unchecked};
-use super::float::Float;
 use super::ops::{a_rate, dot, matmul_nt, rstd, sigmoid, silu, softplus};
 use super::scan::{HeadCarry, HeadInputs, recurrent_forward_unchecked};
 use super::state::LayerState;
 use super::weights::LayerWeights;
+use crate::float::Float;
 use crate::mamba3::config::Mamba3Config;
 
 /// Which form of the scan the forward pass runs. Both give the same outputs

@@ -10,13 +10,13 @@
 use rayon::prelude::*;
 
 use super::chunked_backward::chunked_backward_unchecked;
-use super::float::Float;
 use super::mixer::{MixerTape, head_carry};
 use super::ops::{
     a_rate, axpy, matmul_nn, matmul_tn_acc, rmsnorm_row_backward, silu, silu_grad, softplus_grad,
 };
 use super::scan::{HeadGrads, recurrent_backward_unchecked};
 use super::weights::LayerWeights;
+use crate::float::Float;
 use crate::mamba3::config::Mamba3Config;
 
 /// Adds the mixer's parameter gradients into `gw` and returns `dL/du`.

@@ -27,7 +27,6 @@
 
 mod chunked;
 mod chunked_backward;
-mod float;
 mod mixer;
 mod mixer_backward;
 mod model;
@@ -37,9 +36,9 @@ mod state;
 mod tokens;
 mod weights;
 
+pub use crate::float::Float;
 pub use chunked::{ChunkedHead, chunked_forward};
 pub use chunked_backward::{ChunkedHeadGrads, chunked_backward};
-pub use float::Float;
 pub use mixer::{MixerTape, ScanMode};
 pub use model::{
     BlockTape, ForwardOutput, ModelError, backward, check_weights, forward, loss_and_grads,

@@ -10,13 +10,13 @@
 
 use thiserror::Error;
 
-use super::float::Float;
 use super::mixer::{MixerTape, ScanMode, mixer_forward};
 use super::mixer_backward::mixer_backward;
 use super::ops::{matmul_nn, matmul_nt, matmul_tn_acc, rmsnorm_rows, rmsnorm_rows_backward};
 use super::state::{ModelState, StateShapeError};
 use super::tokens::{TokenError, Tokens};
 use super::weights::{Grads, Weights, param_specs};
+use crate::float::Float;
 use crate::mamba3::config::{ConfigError, Mamba3Config};
 
 /// Why a forward pass could not run.

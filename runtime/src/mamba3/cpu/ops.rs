@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::float::Float;
+use crate::float::Float;
 use crate::mamba3::config::AActivation;
 
 /// Rows per rayon task: below this much work per task the split costs more

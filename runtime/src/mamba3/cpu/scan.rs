@@ -16,8 +16,8 @@
 
 use thiserror::Error;
 
-use super::float::Float;
 use super::ops::{axpy, dot};
+use crate::float::Float;
 
 /// Per-head scan inputs whose lengths do not agree with each other.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 
 use thiserror::Error;
 
-use super::float::Float;
+use crate::float::Float;
 use crate::mamba3::config::Mamba3Config;
 
 /// A carried state that does not fit the model or the batch.

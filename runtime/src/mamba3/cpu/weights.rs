@@ -9,7 +9,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
-use super::float::Float;
+use crate::float::Float;
 use crate::mamba3::config::{ConfigError, Mamba3Config};
 
 /// What a parameter is, which decides its default weight-decay treatment.

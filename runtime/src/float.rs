@@ -1,4 +1,7 @@
-//! The scalar trait the CPU model is generic over.
+//! The scalar trait the host-side math is generic over: the CPU Mamba-3
+//! model and the host AdamW. It sits at the bottom of the crate (it imports
+//! nothing of it), so the model and the optimizer share it without either
+//! importing the other.
 //!
 //! Only `f32` and `f64` implement it: `f64` is the oracle every other
 //! implementation is checked against, `f32` is the quick path for tiny models.
@@ -11,7 +14,8 @@ use std::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Sub, SubAssi
 
 use safetensors::Dtype;
 
-/// A floating-point scalar the CPU Mamba-3 model computes in.
+/// A floating-point scalar the host-side math (CPU model, host AdamW)
+/// computes in.
 pub trait Float:
     Copy
     + Send
