@@ -75,8 +75,10 @@ pub trait Float:
     /// A small count as a float: sizes here are far below 2^53, so the
     /// conversion is exact in `f64` (a size never goes through `as` elsewhere).
     fn from_count(n: usize) -> Self {
-        // Exact: model dimensions and token counts stay far below 2^53.
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "exact: model dimensions and token counts stay far below 2^53"
+        )]
         let v = n as f64;
         Self::from_f64(v)
     }
@@ -91,8 +93,11 @@ macro_rules! impl_float {
             const NAME: &'static str = $name;
 
             fn from_f64(v: f64) -> Self {
-                // Rounding to the nearest representable value is the intent.
-                #[allow(clippy::cast_possible_truncation)]
+                // `allow`, not `expect`: the f64 instance casts to itself.
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    reason = "rounding to the nearest representable value is the intent"
+                )]
                 let r = v as $t;
                 r
             }

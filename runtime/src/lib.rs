@@ -19,7 +19,8 @@
 //!   precisions, joining model and optimizer;
 //! * [`train`]: data, the step-engine seam, the CPU engine, checkpoints and
 //!   the training loop behind `stepgraph train`;
-//! * [`bench`]: step time, tokens/s, MFU and cold start behind `stepgraph bench`.
+//! * [`bench`]: step time, tokens/s, MFU and cold start behind `stepgraph bench`;
+//! * [`eval`]: a checkpoint's loss on a token set, behind `stepgraph eval`.
 //!
 //! The `stepgraph` binary wraps all of it: `train`, `eval`, `bench`, `check`.
 
@@ -28,6 +29,7 @@ extern crate self as stepgraph;
 
 pub mod bench;
 pub mod device;
+pub mod eval;
 pub mod float;
 pub mod graph;
 pub mod kernels;

@@ -8,8 +8,9 @@
 //! backend); `kernels` (typed launch wrappers); `mamba3` and `optim` (the
 //! model, the model-agnostic optimizer; neither uses the other); `step` (the
 //! training step joining them); `train` and `bench` (engines, loop, timing;
-//! neither uses the other). The binary (`src/bin`) sits on top and uses the
-//! library from outside.
+//! neither uses the other); `eval` (scoring a checkpoint, reading data as
+//! `train` does). The binary (`src/bin`) sits on top and uses the library
+//! from outside.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -27,6 +28,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("step", 4),
     ("train", 5),
     ("bench", 5),
+    ("eval", 6),
 ];
 
 /// Items `lib.rs` re-exports at the crate root, and the layer they live in.

@@ -5,7 +5,10 @@
 use stepgraph::TrainingGraph;
 use stepgraph::graph::testing::{FakeBackend, FakeError, FakePtrs};
 
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "an op taking every buffer of the spec, in spec order"
+)]
 fn all(
     ctx: &FakeBackend,
     a: &FakePtrs,

@@ -6,8 +6,11 @@
 //!
 //! The spec path resolves against the directory of the file that holds the
 //! derive, then against the crate root (`CARGO_MANIFEST_DIR`), which is all
-//! rust-analyzer offers. Absolute paths are refused: they would bake one
-//! machine's layout into the build.
+//! rust-analyzer offers. rustc names a workspace member's files relative to
+//! the workspace root; that root is found among the crate root's ancestors,
+//! never from the process's working directory, so the result does not depend
+//! on where the compiler was started. Absolute paths are refused: they would
+//! bake one machine's layout into the build.
 
 use std::path::{Path, PathBuf};
 
@@ -98,12 +101,18 @@ fn resolve(lit: &syn::LitStr) -> syn::Result<(PathBuf, String)> {
     ))
 }
 
-/// The directory of a source file as rustc names it (relative paths are
-/// relative to the directory cargo runs rustc in: the workspace root).
+/// The directory of a source file as rustc names it: absolute as it is, or
+/// relative to the workspace root, which is the crate root
+/// (`CARGO_MANIFEST_DIR`) or one of its ancestors: the first of them that
+/// holds the file.
 fn absolute_dir(file: &Path) -> Option<PathBuf> {
-    let dir = file.parent()?;
-    if dir.is_absolute() {
-        return Some(dir.to_path_buf());
+    if file.is_absolute() {
+        return file.parent().map(Path::to_path_buf);
     }
-    std::env::current_dir().ok().map(|cwd| cwd.join(dir))
+    let root = std::env::var_os("CARGO_MANIFEST_DIR")?;
+    Path::new(&root)
+        .ancestors()
+        .map(|a| a.join(file))
+        .find(|p| p.is_file())
+        .and_then(|p| p.parent().map(Path::to_path_buf))
 }

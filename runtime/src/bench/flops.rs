@@ -55,8 +55,10 @@ impl StepFlops {
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
-    // Statistics only: a rounding f64 conversion is what is wanted here.
-    #[allow(clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "statistics only: a rounding f64 conversion is what is wanted here"
+    )]
     let (a, b) = (a as f64, b as f64);
     if b == 0.0 { 0.0 } else { a / b }
 }

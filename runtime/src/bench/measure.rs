@@ -96,7 +96,10 @@ pub fn estimate_bytes(cfg: &Mamba3Config, batch: usize, seq_len: usize, operand_
 }
 
 fn gib(b: u64) -> f64 {
-    #[allow(clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "byte counts shown in GiB; rounding is fine"
+    )]
     let b = b as f64;
     b / f64::from(1u32 << 30)
 }
@@ -131,11 +134,11 @@ where
     let (batch, len) = (cfg.batch, cfg.seq_len);
     let estimate = estimate_bytes(&model, batch, len, u64::from(P::PRECISION.operand_bytes()));
     let free = w(free_bytes(gpu)?);
-    // Planning only: the fraction of free memory a config may take.
-    #[allow(
+    #[expect(
         clippy::cast_precision_loss,
         clippy::cast_possible_truncation,
-        clippy::cast_sign_loss
+        clippy::cast_sign_loss,
+        reason = "planning only: the fraction of free memory a config may take"
     )]
     let allowed = (free as f64 * opts.memory_fraction) as u64;
     if estimate > allowed {
@@ -165,8 +168,10 @@ where
     // One eager step, timed, sizes the rest against the budget.
     let first = time_reps(gpu, 1, 1, || step.run_eager(gpu))?;
     let passes = 4 * (opts.warmup + opts.steps) + 3 * opts.breakdown_reps + 4;
-    // Budget arithmetic on small counts; f64 is exact here.
-    #[allow(clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "budget arithmetic on small counts; f64 is exact here"
+    )]
     let planned_s = first.median_ms * 1e-3 * passes as f64;
     if planned_s > opts.budget_s {
         return skip(format!(
@@ -277,8 +282,10 @@ fn breakdown<P: ModelCompute>(
         backward(gpu, &s.weights, &s.tokens, &s.acts, &mut s.grads)
     })?;
     let same_bits = reps == 0 || probed == snapshot(gpu, s)?;
-    // Statistics: the rest of the step as one sample per pass.
-    #[allow(clippy::cast_possible_truncation)]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "statistics: the rest of the step as one sample per pass"
+    )]
     let rest = (eager_ms - fwd_bwd.median_ms).max(0.0) as f32;
     for pass in &mut passes {
         pass.push(OpSample {

@@ -179,8 +179,10 @@ pub struct StepResult {
 impl StepResult {
     /// Derived figures from the two timings, `flops` per step and `tokens` per step.
     pub fn new(eager: Stats, graph: Stats, flops: u64, tokens: u64, ceiling: &Ceiling) -> Self {
-        // Statistics: rounding u64 -> f64 is fine.
-        #[allow(clippy::cast_precision_loss)]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "statistics: rounding u64 -> f64 is fine"
+        )]
         let (f, t) = (flops as f64, tokens as f64);
         let per_s = |ms: f64| if ms > 0.0 { t / (ms * 1e-3) } else { 0.0 };
         let tf = tflops(f, graph.median_ms);
@@ -257,7 +259,10 @@ pub struct Memory {
 }
 
 fn gib(b: u64) -> f64 {
-    #[allow(clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "byte counts shown in GiB; rounding is fine"
+    )]
     let b = b as f64;
     b / f64::from(1u32 << 30)
 }

@@ -246,8 +246,11 @@ fn count(v: &Value, field: &str) -> Result<usize, ConfigError> {
 /// An integral, non-negative float as an integer (saturating at the top,
 /// which `usize::try_from` and validation then reject as absurd).
 fn float_to_u64(f: f64) -> u64 {
-    // The caller checked that `f` is integral and non-negative.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "the caller checked that `f` is integral and non-negative"
+    )]
     let n = f as u64;
     n
 }

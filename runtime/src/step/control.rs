@@ -163,8 +163,10 @@ impl StepControl {
 pub fn loss_weights_for(rows: usize, scored: impl Fn(usize) -> bool) -> Option<Vec<f32>> {
     let n = (0..rows).filter(|&i| scored(i)).count();
     let n = f64::from(u32::try_from(n).ok().filter(|&n| n > 0)?);
-    // One rounding of 1/n to the f32 the kernels weigh with.
-    #[allow(clippy::cast_possible_truncation)]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "one rounding of 1/n to the f32 the kernels weigh with"
+    )]
     let w = (1.0 / n) as f32;
     Some((0..rows).map(|i| if scored(i) { w } else { 0.0 }).collect())
 }

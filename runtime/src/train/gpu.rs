@@ -266,8 +266,11 @@ where
 
 fn metrics_of(r: &[f64]) -> StepMetrics {
     let at = |i: usize| r.get(i).copied().unwrap_or(f64::NAN);
-    // Counters travel as f64 in the report; they are exact below 2^53.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "counters travel as f64 in the report; they are exact below 2^53"
+    )]
     let count = |i: usize| at(i) as u64;
     StepMetrics {
         step: count(report::STEPS),

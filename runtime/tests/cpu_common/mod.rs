@@ -1,7 +1,10 @@
 //! Shared helpers for the CPU model tests: small configs, perturbed weights
 //! and random token batches.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different subset of these helpers"
+)]
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -4,8 +4,10 @@
 //! missing or unusable GPU must fail them, so [`gpu`] panics with the
 //! runtime's own error message instead of skipping.
 
-// Each test binary uses a different subset of these helpers.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different subset of these helpers"
+)]
 
 pub mod oracle;
 
@@ -73,7 +75,10 @@ pub fn rel_err(got: &[f32], want: &[f64]) -> f64 {
 }
 
 /// Row-major `C = alpha * op(A) op(B) + beta * C` in f64 (the oracle).
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the BLAS GEMM's own parameters, one each"
+)]
 pub fn host_gemm(
     m: usize,
     n: usize,
