@@ -38,31 +38,6 @@ const ROOT_ITEMS: &[(&str, &str)] = &[
     ("Precision", "graph"),
 ];
 
-/// Imports that still point up, each with the reason it is allowed until it
-/// is gone. `(file, module it uses)`, file relative to `runtime/src`.
-const PENDING: &[(&str, &str, &str)] = &[
-    (
-        "device/mod.rs",
-        "kernels",
-        "the context loads the kernel table and warms kernels up",
-    ),
-    (
-        "device/blas.rs",
-        "kernels",
-        "bf16 GEMMs stage their f32 operand through a conversion kernel",
-    ),
-    (
-        "kernels/mamba3.rs",
-        "mamba3",
-        "the Mamba-3 wrappers still take the model's config types",
-    ),
-    (
-        "kernels/mamba3_chunk.rs",
-        "mamba3",
-        "its unit tests build shapes from the model's config",
-    ),
-];
-
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
@@ -180,7 +155,6 @@ fn no_module_uses_a_layer_above_or_beside_it() {
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
     let mut wrong = Vec::new();
-    let mut pending_seen = BTreeSet::new();
     for path in &files {
         let rel = path.strip_prefix(src()).expect("under src");
         let own = top_module(rel);
@@ -208,15 +182,10 @@ fn no_module_uses_a_layer_above_or_beside_it() {
             if l < own_layer {
                 continue;
             }
-            let key = (rel_str(rel), module.to_owned());
-            if PENDING.iter().any(|(f, m, _)| *f == key.0 && *m == key.1) {
-                pending_seen.insert(key);
-                continue;
-            }
             let how = if l == own_layer { "beside" } else { "above" };
             wrong.push(format!(
                 "{}: uses `crate::{module}`, a layer {how} `{own}`",
-                key.0
+                rel_str(rel)
             ));
         }
     }
@@ -224,17 +193,6 @@ fn no_module_uses_a_layer_above_or_beside_it() {
         wrong.is_empty(),
         "imports against the layers:\n{}",
         wrong.join("\n")
-    );
-    // A pending entry that no longer matches must go, so the list shrinks.
-    let stale: Vec<_> = PENDING
-        .iter()
-        .filter(|(f, m, _)| !pending_seen.contains(&((*f).to_owned(), (*m).to_owned())))
-        .map(|(f, m, why)| format!("{f} -> {m} ({why})"))
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "PENDING entries now clean, remove them:\n{}",
-        stale.join("\n")
     );
 }
 

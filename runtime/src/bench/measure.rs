@@ -14,7 +14,6 @@ use half::bf16;
 
 use crate::device::{DeviceBuffer, Gpu, GpuError};
 use crate::graph::{ShapeKey, TrainingStep};
-use crate::kernels::mamba3::Mamba3Shape;
 use crate::mamba3::gpu::{
     Family, Mamba3GpuError, ModelCompute, backward, backward_probed, forward, forward_probed,
 };
@@ -66,7 +65,7 @@ fn w(x: usize) -> u64 {
 /// before allocating; the report shows it next to the measured footprint,
 /// so drift is visible.
 pub fn estimate_bytes(cfg: &Mamba3Config, batch: usize, seq_len: usize, operand_bytes: u64) -> u64 {
-    let sh = Mamba3Shape::new(cfg, batch, seq_len);
+    let sh = crate::mamba3::gpu::kernel_shape(cfg, batch, seq_len);
     let rows = w(sh.rows);
     let (dm, di, e, v) = (w(sh.d_model), w(sh.d_inner), w(sh.width), w(sh.vocab));
     let (h, n, g, s) = (w(sh.nheads), w(sh.d_state), w(sh.ngroups), w(sh.angles));

@@ -28,9 +28,9 @@ use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::CudaStream;
 use half::bf16;
 
-use super::Gpu;
 use super::buffer::{DeviceBuffer, Element};
 use super::error::{During as _, GpuError, checked_elems, to_i32};
+use super::{Gpu, ScratchGuard};
 
 /// How f32 GEMMs compute.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,7 +47,7 @@ pub enum F32GemmMath {
 }
 
 /// One product of a staged bf16 GEMM: its shape, B operand and C result.
-type StagedJob<'a> = (&'a Gemm, &'a DeviceBuffer<bf16>, &'a mut DeviceBuffer<f32>);
+pub type StagedJob<'a> = (&'a Gemm, &'a DeviceBuffer<bf16>, &'a mut DeviceBuffer<f32>);
 impl F32GemmMath {
     fn compute_type(self) -> blas_sys::cublasComputeType_t {
         match self {
@@ -336,57 +336,35 @@ impl Gpu {
         self.gemm_ex(g, [a.len(), b.len(), c.len()], args)
     }
 
-    /// bf16 GEMM with f32 accumulation and an f32 result whose A operand is
-    /// an f32 tensor (a gradient accumulated in f32): A is rounded to bf16
-    /// into the `half_staging` scratch area first, then multiplied. The area
-    /// must already be large enough when this runs under a capture (growth
-    /// there is refused, see [`Gpu::presize_scratch`]). Capturable.
-    pub fn gemm_bf16_f32_staged_a(
+    /// bf16 GEMMs with f32 accumulation and f32 results whose shared A
+    /// operand is staged in the `half_staging` scratch area: `stage` writes
+    /// the `a_len` bf16 values of A into the area (the caller's conversion
+    /// of an f32 gradient: a kernel, which this layer does not know), then
+    /// each `(g, b, c)` runs from the staged copy. One product or two (a
+    /// layer's weight and input gradients share A). The area must already be
+    /// large enough when this runs under a capture (growth there is refused,
+    /// see [`Gpu::presize_scratch`]). Capturable.
+    pub fn gemm_bf16_f32_staged(
         &self,
-        g: &Gemm,
-        a: &DeviceBuffer<f32>,
-        b: &DeviceBuffer<bf16>,
-        c: &mut DeviceBuffer<f32>,
-    ) -> Result<(), GpuError> {
-        self.staged_gemms(a, [Some((g, b, c)), None])
-    }
-
-    /// [`gemm_bf16_f32_staged_a`](Self::gemm_bf16_f32_staged_a) for two
-    /// products that share the f32 A operand (a layer's weight and input
-    /// gradients from one upstream gradient): A is rounded into
-    /// `half_staging` once, then each `(g, b, c)` runs from the staged copy.
-    pub fn gemm_bf16_f32_staged_a2(
-        &self,
-        a: &DeviceBuffer<f32>,
-        first: (&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>),
-        second: (&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>),
-    ) -> Result<(), GpuError> {
-        self.staged_gemms(a, [Some(first), Some(second)])
-    }
-
-    /// Rounds `a` into `half_staging` once and runs each product (shape, B,
-    /// C) from it.
-    fn staged_gemms(
-        &self,
-        a: &DeviceBuffer<f32>,
+        a_len: usize,
+        stage: impl FnOnce(&mut ScratchGuard<'_, bf16>) -> Result<(), GpuError>,
         jobs: [Option<StagedJob<'_>>; 2],
     ) -> Result<(), GpuError> {
-        self.check_owned("GEMM A (f32, staged)", a)?;
-        let mut stage = self.scratch_view::<bf16>(super::HALF_STAGING, a.len())?;
-        crate::kernels::elementwise::f32_to_bf16_staged(self, a, &mut stage)?;
+        let mut view = self.scratch_view::<bf16>(super::HALF_STAGING, a_len)?;
+        stage(&mut view)?;
         for (g, b, c) in jobs.into_iter().flatten() {
             self.check_owned("GEMM B", b)?;
             self.check_owned("GEMM C", c)?;
             let args = GemmEx {
-                a: stage.device_addr()?,
+                a: view.device_addr()?,
                 b: b.device_addr(),
                 c: c.device_addr(),
                 ab_type: blas_sys::cudaDataType::CUDA_R_16BF,
                 c_type: blas_sys::cudaDataType::CUDA_R_32F,
                 compute: blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             };
-            // The staging view holds exactly a.len() bf16s, so A's length is a's.
-            self.gemm_ex(g, [stage.len(), b.len(), c.len()], args)?;
+            // The staging view holds exactly a_len bf16s: A's length.
+            self.gemm_ex(g, [view.len(), b.len(), c.len()], args)?;
         }
         Ok(())
     }

@@ -2,7 +2,10 @@
 //! compiled kernels, cuBLAS and scratch areas, behind one type, [`Gpu`].
 //!
 //! All CUDA FFI of the runtime lives in this module and in [`crate::kernels`];
-//! every `unsafe` block says what it relies on.
+//! every `unsafe` block says what it relies on. This module knows no kernel
+//! and no model: the kernel modules to compile are handed to [`Gpu::open`]
+//! by the layer above (`kernels`, whose `Gpu::new` opens a context with the
+//! crate's kernels loaded and warmed up).
 //!
 //! # Start-up
 //!
@@ -18,10 +21,11 @@
 //! 2. a dedicated non-blocking stream is created for all work (capture cannot
 //!    begin on the legacy default stream, and a non-blocking stream is not
 //!    serialised behind other libraries' work on it);
-//! 3. the kernels are compiled (or read from the disk cache) and every one is
-//!    loaded eagerly;
+//! 3. the given kernel modules are compiled (or read from the disk cache) and
+//!    every function is loaded eagerly;
 //! 4. the cuBLAS handle is bound to the stream with a preallocated workspace;
-//! 5. every kernel and GEMM flavour runs once (warm-up), before any capture.
+//! 5. every GEMM flavour runs once (warm-up), before any capture (the
+//!    kernels layer then warms up its own kernels).
 //!
 //! # Capture rules
 //!
@@ -54,6 +58,7 @@ mod blas;
 mod buffer;
 pub(crate) mod error;
 mod graph;
+mod modules;
 pub mod nvrtc;
 pub mod probe;
 mod scratch;
@@ -67,15 +72,15 @@ pub use blas::{ColMajorGemm, F32GemmMath, Gemm};
 pub use buffer::{DeviceBuffer, Element, PinnedBuffer};
 pub use error::{GpuError, checked_elems, to_i32, to_u32};
 pub use graph::GpuGraph;
+pub use modules::{Module, Modules};
 pub use nvrtc::{CacheOutcome, CachePolicy, CompileReport};
 pub use scratch::{GEMM_WORKSPACE, HALF_STAGING, REDUCE_PARTIALS, ScratchGuard};
 
 use blas::Blas;
 use buffer::Shared;
 use error::During as _;
+use modules::FunctionTable;
 use scratch::ScratchSet;
-
-use crate::kernels::KernelTable;
 
 /// Default size of the cuBLAS workspace: NVIDIA recommends 32 MiB on Hopper.
 pub const DEFAULT_GEMM_WORKSPACE: usize = 32 << 20;
@@ -132,7 +137,7 @@ pub struct Gpu {
     // Field order is drop order: the graph-free parts first, the context last.
     scratch: ScratchSet,
     blas: Blas,
-    kernels: KernelTable,
+    kernels: FunctionTable,
     current_op: Cell<Option<&'static str>>,
     shared: Arc<Shared>,
     info: DeviceInfo,
@@ -141,17 +146,11 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// A context on GPU `ordinal` with default options.
-    pub fn new(ordinal: usize) -> Result<Self, GpuError> {
-        Self::with_options(GpuOptions {
-            ordinal,
-            ..GpuOptions::default()
-        })
-    }
-
-    /// A context with explicit options; see the [module docs](self) for what
-    /// happens, in order.
-    pub fn with_options(opts: GpuOptions) -> Result<Self, GpuError> {
+    /// A context that compiles and loads `modules`; see the [module
+    /// docs](self) for what happens, in order. (`Gpu::new` and
+    /// `Gpu::with_options`, in [`crate::kernels`], open one with the crate's
+    /// kernels.)
+    pub fn open(opts: GpuOptions, modules: &Modules) -> Result<Self, GpuError> {
         if !probe::driver_present() {
             return Err(GpuError::NoDriver {
                 tried: "libcuda.so, libcuda.so.1".to_owned(),
@@ -226,7 +225,7 @@ impl Gpu {
         }
 
         let cache_dir = opts.cache.resolve();
-        let kernels = KernelTable::load(&ctx, &arch, cache_dir.as_deref())?;
+        let kernels = FunctionTable::load(&ctx, modules, &arch, cache_dir.as_deref())?;
         let blas = Blas::new(&stream)?;
         let info = DeviceInfo {
             ordinal: opts.ordinal,
@@ -249,11 +248,7 @@ impl Gpu {
             ctx,
         };
         gpu.presize_scratch(GEMM_WORKSPACE, opts.gemm_workspace.max(1))?;
-        let partials = std::mem::size_of::<f32>().saturating_mul(
-            usize::try_from(crate::kernels::reduce::MAX_PARTIALS).unwrap_or(usize::MAX),
-        );
-        gpu.presize_scratch(REDUCE_PARTIALS, partials)?;
-        gpu.warm_up()?;
+        gpu.warm_up_blas()?;
         Ok(gpu)
     }
 
@@ -322,7 +317,7 @@ impl Gpu {
         &self.stream
     }
 
-    /// A loaded kernel, for launch wrappers in this crate.
+    /// A loaded function, by name, for launch wrappers in this crate.
     pub(crate) fn kernel(&self, name: &'static str) -> Result<&CudaFunction, GpuError> {
         self.kernels.get(name)
     }
@@ -350,27 +345,6 @@ impl Gpu {
             start: self.ctx.new_event(flags).during("create a timing event")?,
             end: self.ctx.new_event(flags).during("create a timing event")?,
         })
-    }
-
-    /// Runs every kernel and GEMM flavour once, eagerly, then synchronizes.
-    fn warm_up(&self) -> Result<(), GpuError> {
-        use crate::kernels as k;
-        let mut a = self.alloc::<f32>(300)?;
-        let mut b = self.alloc::<f32>(300)?;
-        let mut c = self.alloc::<f32>(300)?;
-        let mut h = self.alloc::<half::bf16>(300)?;
-        k::fill(self, &mut a, 1.0)?;
-        k::fill(self, &mut b, 2.0)?;
-        k::axpy(self, 0.5, &a, &mut b)?;
-        k::mul(self, &a, &b, &mut c)?;
-        k::silu(self, &a, &mut c)?;
-        k::add_one(self, &mut c)?;
-        k::f32_to_bf16(self, &c, &mut h)?;
-        k::bf16_to_f32(self, &h, &mut a)?;
-        let mut out = self.alloc::<f32>(1)?;
-        k::sum_squares(self, &a, &mut out)?;
-        self.warm_up_blas()?;
-        self.synchronize()
     }
 }
 

@@ -12,10 +12,45 @@ use super::launch::{self, BLOCK, MAX_ELEMENTWISE_BLOCKS};
 use super::precision::Compute;
 use crate::device::error::During as _;
 use crate::device::{DeviceBuffer, Element, Gpu, GpuError, to_u32};
-use crate::mamba3::{AActivation, InProjLayout, Mamba3Config};
+
+/// Column offsets of the blocks of the `in_proj` output row (z, x, B, C,
+/// dd_dt, dd_A, trap, angles) and its width: plain numbers, so the kernels
+/// layer needs no model type (the model fills them from its config).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProjLayout {
+    /// Gate z.
+    pub z: usize,
+    /// Input x.
+    pub x: usize,
+    /// B.
+    pub b: usize,
+    /// C.
+    pub c: usize,
+    /// dt pre-activation.
+    pub dd_dt: usize,
+    /// A pre-activation.
+    pub dd_a: usize,
+    /// Trapezoid gate.
+    pub trap: usize,
+    /// Rotation angles.
+    pub angles: usize,
+    /// The row's width.
+    pub width: usize,
+}
+
+/// The map `f` of `A = -max(f(dd_A), A_floor)` a kernel applies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecayMap {
+    /// The official code's heavy-tail map.
+    #[default]
+    HeavyTail,
+    /// `softplus`.
+    Softplus,
+}
 
 /// Shapes of one model at one (batch, seq_len): everything a kernel needs to
-/// index its buffers, in host `usize`s.
+/// index its buffers, in host `usize`s. The model builds it from its
+/// configuration (`mamba3::gpu::kernel_shape`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Mamba3Shape {
     /// Batch rows B.
@@ -47,42 +82,16 @@ pub struct Mamba3Shape {
     /// `ceil(T / C)`.
     pub nchunks: usize,
     /// Column offsets of the in_proj output blocks.
-    pub layout: InProjLayout,
+    pub layout: ProjLayout,
     /// RMSNorm epsilon.
     pub eps: f32,
     /// `A_floor`.
     pub a_floor: f32,
     /// The map of `A = -max(f(dd_A), A_floor)`.
-    pub a_activation: AActivation,
+    pub a_activation: DecayMap,
 }
 
 impl Mamba3Shape {
-    /// The shape of `cfg` at `batch x len` (the config must be valid).
-    pub fn new(cfg: &Mamba3Config, batch: usize, len: usize) -> Self {
-        let chunk = cfg.chunk_size.max(1);
-        Self {
-            batch,
-            len,
-            rows: batch.saturating_mul(len),
-            d_model: cfg.d_model,
-            vocab: cfg.padded_vocab_size(),
-            nheads: cfg.nheads(),
-            headdim: cfg.headdim,
-            d_state: cfg.d_state,
-            ngroups: cfg.ngroups,
-            angles: cfg.num_rope_angles(),
-            width: cfg.d_in_proj(),
-            d_inner: cfg.d_inner(),
-            chunk,
-            nchunks: len.div_ceil(chunk),
-            layout: cfg.in_proj_layout(),
-            // The kernels compute in f32; rounding the f64 settings once is intended.
-            eps: f64_to_f32(cfg.norm_eps),
-            a_floor: f64_to_f32(cfg.a_floor),
-            a_activation: cfg.a_activation,
-        }
-    }
-
     /// The kernels' by-value shape argument; every size must fit a `u32`.
     pub fn dims(&self) -> Result<M3Dims, GpuError> {
         let l = &self.layout;
@@ -110,8 +119,8 @@ impl Mamba3Shape {
             eps: self.eps,
             a_floor: self.a_floor,
             a_act: match self.a_activation {
-                AActivation::HeavyTail => 0,
-                AActivation::Softplus => 1,
+                DecayMap::HeavyTail => 0,
+                DecayMap::Softplus => 1,
             },
         })
     }
@@ -122,17 +131,13 @@ impl Mamba3Shape {
     }
 }
 
-/// Rounds an f64 setting to the f32 the kernels compute with.
-#[allow(clippy::cast_possible_truncation)]
-fn f64_to_f32(v: f64) -> f32 {
-    // Rounding to nearest is the intent; f64 -> f32 has no fallible conversion.
-    v as f32
-}
-
 /// The `M3Dims` struct of `kernels/mamba3_common.cuh`, passed by value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
-#[allow(missing_docs)]
+#[expect(
+    missing_docs,
+    reason = "the fields mirror `M3Dims` of kernels/mamba3_common.cuh one for one"
+)]
 pub struct M3Dims {
     pub batch: u32,
     pub len: u32,
@@ -255,7 +260,10 @@ pub fn embed_fwd(
 
 /// Row-wise RMSNorm `y = x * rstd * w` over `rows x width`, keeping `rstd`
 /// (f32 statistics; `y` in the compute type `T`, a GEMM operand).
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per buffer the kernel reads or writes"
+)]
 pub fn rmsnorm_fwd<T: Compute>(
     gpu: &Gpu,
     rows: usize,
@@ -293,7 +301,10 @@ pub fn rmsnorm_fwd<T: Compute>(
 }
 
 /// The per-token split: B/C reciprocal RMS, theta, dt, A dt and lam.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per buffer the kernel reads or writes"
+)]
 pub fn prep(
     gpu: &Gpu,
     sh: &Mamba3Shape,
@@ -609,7 +620,10 @@ pub(crate) fn scan_launch(
 
 /// The chunked scan forward: `y` `[rows, d_inner]` and the state entering
 /// every chunk, `states` `[B, H, nchunks, P, N]`.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per buffer the kernel reads or writes"
+)]
 pub fn scan_fwd<Q: Compute>(
     gpu: &Gpu,
     sh: &Mamba3Shape,
@@ -651,7 +665,6 @@ pub fn scan_fwd<Q: Compute>(
 
 /// The z gate, optionally with the grouped output RMSNorm (`norm_w`); `o`
 /// (the out_proj GEMM operand) in the compute type `T`.
-#[allow(clippy::too_many_arguments)]
 pub fn gate_fwd<T: Compute>(
     gpu: &Gpu,
     sh: &Mamba3Shape,
@@ -738,6 +751,60 @@ pub fn mean(
     Ok(())
 }
 
+/// A shape with the given state size, head width and chunk (d_model 256,
+/// expand 2, one group, half the state dims rotating), for the shared-memory
+/// and partition tests of the kernel wrappers.
+#[cfg(test)]
+pub(crate) fn test_shape(
+    d_state: usize,
+    headdim: usize,
+    chunk: usize,
+    batch: usize,
+    len: usize,
+) -> Mamba3Shape {
+    let (d_model, d_inner) = (256, 512);
+    let nheads = d_inner / headdim;
+    let angles = d_state / 4;
+    let x = d_inner;
+    let b = x + d_inner;
+    let c = b + d_state;
+    let dd_dt = c + d_state;
+    let dd_a = dd_dt + nheads;
+    let trap = dd_a + nheads;
+    let ang = trap + nheads;
+    let width = ang + angles;
+    Mamba3Shape {
+        batch,
+        len,
+        rows: batch * len,
+        d_model,
+        vocab: 256,
+        nheads,
+        headdim,
+        d_state,
+        ngroups: 1,
+        angles,
+        width,
+        d_inner,
+        chunk,
+        nchunks: len.div_ceil(chunk),
+        layout: ProjLayout {
+            z: 0,
+            x,
+            b,
+            c,
+            dd_dt,
+            dd_a,
+            trap,
+            angles: ang,
+            width,
+        },
+        eps: 1e-5,
+        a_floor: 1e-4,
+        a_activation: DecayMap::HeavyTail,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -752,11 +819,7 @@ mod tests {
     #[test]
     fn default_sized_scans_fit_in_shared_memory() {
         // The official default (N 128, P 64, chunk 64) must fit on sm_90.
-        let cfg = Mamba3Config {
-            d_model: 256,
-            ..Mamba3Config::default()
-        };
-        let sh = Mamba3Shape::new(&cfg, 2, 256);
+        let sh = test_shape(128, 64, 64, 2, 256);
         assert!(
             scan_fwd_smem(&sh) <= MAX_SCAN_SMEM,
             "{}",

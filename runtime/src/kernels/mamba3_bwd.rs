@@ -36,7 +36,10 @@ pub fn ce_bwd(
     );
     // The CPU oracle scales by 1 / rows too; rows fits in u32, so in f64 exactly.
     let inv = 1.0 / f64::from(rows.max(1));
-    #[allow(clippy::cast_possible_truncation)]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "one rounding of 1 / rows to the f32 the kernel scales by"
+    )]
     let inv = inv as f32;
     let f = gpu.kernel("m3_ce_bwd_f32")?;
     let mut b = gpu.stream().launch_builder(f);
@@ -53,7 +56,10 @@ pub fn ce_bwd(
 
 /// RMSNorm backward over `rows x width`: `dx` (written, or added to when
 /// `accumulate`), and the weight's per-row share in `contrib`.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per buffer the kernel reads or writes"
+)]
 pub fn rmsnorm_bwd(
     gpu: &Gpu,
     rows: usize,
@@ -97,7 +103,10 @@ pub fn rmsnorm_bwd(
 
 /// Backward of the z gate: `dz` into `dproj`, `dy`, and the output norm
 /// weight's per-row share in `contrib` (only with `norm_w`).
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per buffer the kernel reads or writes"
+)]
 pub fn gate_bwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
@@ -187,7 +196,10 @@ impl ScanGrads<'_> {
 }
 
 /// The chunked scan backward (reverse walk over chunks).
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per buffer the kernel reads or writes"
+)]
 pub fn scan_bwd<Q: Compute>(
     gpu: &Gpu,
     sh: &Mamba3Shape,
@@ -265,7 +277,10 @@ pub struct RotGrads<'a> {
 /// gradients and a column sum over the tiles finishes them; otherwise a
 /// warp per (row, group) un-rotates `dq`/`dk` in place and two column sums
 /// over all rows follow.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per buffer the kernel reads or writes"
+)]
 pub fn rot_bcnorm_bwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
@@ -523,7 +538,10 @@ pub fn colsum_plan(
 /// order). Pass 1 writes `splits x cols` partials (at most
 /// [`colsum_partials`]), pass 2 folds them into `out`; with a single split
 /// pass 1 writes `out` directly.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per buffer the kernel reads or writes"
+)]
 pub fn colsum(
     gpu: &Gpu,
     x: &DeviceBuffer<f32>,

@@ -178,7 +178,6 @@ fn pass_cfg(sh: &Mamba3Shape) -> Result<LaunchConfig, GpuError> {
 /// `[B, H, nchunks, P, N]`, then walked into the per-chunk states (`dir` 0)
 /// or state gradients (`dir` 1). `x` is `proj` (x columns at `x_off`,
 /// forward) or `dy` (backward); `y` is `k` or `q`.
-#[allow(clippy::too_many_arguments)]
 fn states_and_walk(
     gpu: &Gpu,
     sh: &Mamba3Shape,
@@ -221,7 +220,10 @@ fn states_and_walk(
 /// The chunk-parallel scan forward: `y` `[rows, d_inner]` and the state
 /// entering every chunk, `states` `[B, H, nchunks, P, N]` (the same outputs
 /// as [`super::mamba3::scan_fwd`]).
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per buffer the kernel reads or writes"
+)]
 pub fn scan_fwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
@@ -269,7 +271,10 @@ pub fn scan_fwd(
 /// [`super::mamba3_bwd::scan_bwd`] except `dskip_part`, which holds one
 /// partial per (batch row, chunk, head) (see [`dskip_part_elems`]);
 /// `gstates` (`[B, H, nchunks, P, N]`) is working memory.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per buffer the kernel reads or writes"
+)]
 pub fn scan_bwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
@@ -321,7 +326,6 @@ pub fn scan_bwd(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mamba3::Mamba3Config;
 
     #[test]
     fn thread_counts_match_the_kernel() {
@@ -336,12 +340,7 @@ mod tests {
     }
 
     fn shape(d_state: usize, headdim: usize, chunk: usize) -> Mamba3Shape {
-        let mut cfg = Mamba3Config::tiny();
-        cfg.d_model = 256;
-        cfg.d_state = d_state;
-        cfg.headdim = headdim;
-        cfg.chunk_size = chunk;
-        Mamba3Shape::new(&cfg, 2, 300)
+        crate::kernels::mamba3::test_shape(d_state, headdim, chunk, 2, 300)
     }
 
     #[test]

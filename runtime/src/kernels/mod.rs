@@ -3,10 +3,12 @@
 //!
 //! The `.cu` files live in the workspace's top-level `kernels/` folder and are
 //! embedded here with `include_str!`; [`Gpu::new`](crate::device::Gpu::new)
-//! compiles them with NVRTC for the device's own architecture (cached on disk,
-//! see [`device::nvrtc`](crate::device::nvrtc)), loads every function listed in
-//! [`MODULES`] and forces each to load (`cuFuncLoad`) before anything can be
-//! captured, so no kernel is loaded lazily inside a capture.
+//! (defined in this layer, which alone knows the kernels) opens a context
+//! that compiles them with NVRTC for the device's own architecture (cached on
+//! disk, see [`device::nvrtc`](crate::device::nvrtc)), loads every function
+//! listed in [`MODULES`] and forces each to load (`cuFuncLoad`) before
+//! anything can be captured, so no kernel is loaded lazily inside a capture;
+//! then every generic kernel runs once.
 //!
 //! The wrappers are the only place that pushes kernel arguments: each takes
 //! typed buffers, checks lengths and that every size fits the kernel's
@@ -28,6 +30,7 @@
 //!    inside an `unsafe` block whose `// SAFETY:` names the lengths checked.
 //! 4. Test it against a host computation in `runtime/tests/gpu_kernels.rs`.
 
+mod context;
 pub mod elementwise;
 pub mod launch;
 pub mod mamba3;
@@ -36,23 +39,14 @@ pub mod mamba3_chunk;
 pub mod optim;
 pub mod precision;
 pub mod reduce;
-mod table;
 pub mod train;
 
+pub use context::KERNELS;
 pub use elementwise::{add_one, axpy, bf16_to_f32, f32_to_bf16, fill, mul, silu};
 pub use reduce::{sum_squares, sum_squares_blocks};
-pub(crate) use table::KernelTable;
 
+pub use crate::device::Module;
 use crate::device::nvrtc::SourceFile;
-
-/// One `.cu` file and the kernels it defines.
-#[derive(Clone, Copy, Debug)]
-pub struct Module {
-    /// The source file.
-    pub source: SourceFile,
-    /// The `extern "C"` kernels it defines, all loaded at start-up.
-    pub functions: &'static [&'static str],
-}
 
 /// Headers the `.cu` files may `#include "..."`; served to NVRTC from memory.
 pub const HEADERS: &[SourceFile] = &[

@@ -12,7 +12,8 @@
 
 use half::bf16;
 
-use crate::device::{DeviceBuffer, Element, Gemm, Gpu, GpuError};
+use super::elementwise::f32_to_bf16_staged;
+use crate::device::{DeviceBuffer, Element, Gemm, Gpu, GpuError, ScratchGuard};
 
 mod sealed {
     pub trait Sealed {}
@@ -184,7 +185,8 @@ impl Compute for bf16 {
         b: &DeviceBuffer<bf16>,
         c: &mut DeviceBuffer<f32>,
     ) -> Result<(), GpuError> {
-        gpu.gemm_bf16_f32_staged_a(g, a, b, c)
+        let stage = |s: &mut ScratchGuard<'_, bf16>| f32_to_bf16_staged(gpu, a, s);
+        gpu.gemm_bf16_f32_staged(a.len(), stage, [Some((g, b, c)), None])
     }
 
     fn gemm_grad2(
@@ -193,7 +195,9 @@ impl Compute for bf16 {
         first: (&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>),
         second: (&Gemm, &DeviceBuffer<bf16>, &mut DeviceBuffer<f32>),
     ) -> Result<(), GpuError> {
-        gpu.gemm_bf16_f32_staged_a2(a, first, second)
+        // A is rounded into `half_staging` once for both products.
+        let stage = |s: &mut ScratchGuard<'_, bf16>| f32_to_bf16_staged(gpu, a, s);
+        gpu.gemm_bf16_f32_staged(a.len(), stage, [Some(first), Some(second)])
     }
 
     fn staging_elems(a_len: usize) -> usize {

@@ -48,7 +48,7 @@ pub(crate) fn shape_of(
             found: 0,
         });
     }
-    Ok(Mamba3Shape::new(cfg, batch, seq_len))
+    Ok(super::kernel_shape(cfg, batch, seq_len))
 }
 
 /// One block's forward activations; `B` is the storage of the GEMM operands.

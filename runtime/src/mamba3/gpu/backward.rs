@@ -171,7 +171,10 @@ pub fn blocks_backward<W: StepWeights>(
 /// `gemm_w` holds the block's `[in_proj, out_proj]` in the compute type.
 // The block's own buffers plus the probe; a struct around them would only
 // rename them at the one call site.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a layer's buffers, passed one by one"
+)]
 fn mixer_backward<T: Compute>(
     gpu: &Gpu,
     sh: &Mamba3Shape,

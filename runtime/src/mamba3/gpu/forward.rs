@@ -137,7 +137,10 @@ pub fn blocks_forward<W: StepWeights>(
 /// `gemm_w` holds the block's `[in_proj, out_proj]` in the compute type;
 /// `qk` the shared rotated q and k buffers.
 // The block's buffers plus the probe, as in `mixer_backward`.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a layer's buffers, passed one by one"
+)]
 fn mixer_forward<T: Compute>(
     gpu: &Gpu,
     sh: &k::Mamba3Shape,

@@ -214,7 +214,7 @@ mod tests {
             vocab_size: 1000,
             ..Mamba3Config::tiny()
         };
-        let sh = Mamba3Shape::new(&cfg, 4, 32);
+        let sh = crate::mamba3::gpu::kernel_shape(&cfg, 4, 32);
         let widest = sh.vocab.max(sh.d_model).max(sh.width);
         assert_eq!(staging_bytes::<f32>(&sh).ok(), Some(0));
         assert_eq!(staging_bytes::<bf16>(&sh).ok(), Some(4 * 32 * widest * 2));

@@ -32,6 +32,7 @@ mod backward;
 mod forward;
 mod mixed;
 mod probe;
+mod shape;
 mod weights;
 
 pub use acts::{Acts, BackwardWork, LayerActs, MixedActs};
@@ -39,6 +40,7 @@ pub use backward::{backward, backward_probed, blocks_backward};
 pub use forward::{blocks_forward, forward, forward_probed, zero_grads};
 pub use mixed::{MixedLayer, MixedWeights, presize_staging, staging_bytes, sync_master_to_compute};
 pub use probe::{Family, NoProbe, Probe};
+pub use shape::kernel_shape;
 pub use weights::{GemmPair, Grads, LayerWeights, ModelCompute, StepWeights, Weights};
 
 use thiserror::Error;

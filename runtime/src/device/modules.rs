@@ -1,4 +1,9 @@
-//! Loading the compiled modules and resolving every kernel up front.
+//! Loading compiled modules and resolving every function up front.
+//!
+//! The device layer knows no kernel: the layer above hands
+//! [`Gpu::open`](super::Gpu::open) its [`Modules`] (the `.cu` sources, the
+//! headers they include, and the functions each defines), and launch
+//! wrappers look functions up by name.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -6,29 +11,47 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::Ptx;
 
-use super::{HEADERS, MODULES};
-use crate::device::GpuError;
-use crate::device::error::During as _;
-use crate::device::nvrtc::{self, CompileReport};
+use super::GpuError;
+use super::error::During as _;
+use super::nvrtc::{self, CompileReport, SourceFile};
 
-/// Every kernel of [`MODULES`], loaded into one context.
+/// One `.cu` file and the kernels it defines.
+#[derive(Clone, Copy, Debug)]
+pub struct Module {
+    /// The source file.
+    pub source: SourceFile,
+    /// The `extern "C"` kernels it defines, all loaded at start-up.
+    pub functions: &'static [&'static str],
+}
+
+/// What a context compiles and loads at start-up.
+#[derive(Clone, Copy, Debug)]
+pub struct Modules {
+    /// Headers the `.cu` files may `#include "..."`; served to NVRTC from memory.
+    pub headers: &'static [SourceFile],
+    /// Every module, each with the functions to load from it.
+    pub modules: &'static [Module],
+}
+
+/// Every function of a [`Modules`], loaded into one context.
 #[derive(Debug)]
-pub(crate) struct KernelTable {
+pub(crate) struct FunctionTable {
     funcs: Vec<(&'static str, CudaFunction)>,
     reports: Vec<CompileReport>,
 }
 
-impl KernelTable {
+impl FunctionTable {
     /// Compiles (or reads from `cache`) and loads every module for `arch`.
     pub(crate) fn load(
         ctx: &Arc<CudaContext>,
+        set: &Modules,
         arch: &str,
         cache: Option<&Path>,
-    ) -> Result<Self, crate::device::GpuError> {
+    ) -> Result<Self, GpuError> {
         let mut funcs = Vec::new();
         let mut reports = Vec::new();
-        for m in MODULES {
-            let (cubin, report) = nvrtc::obtain_cubin(&m.source, HEADERS, arch, cache)?;
+        for m in set.modules {
+            let (cubin, report) = nvrtc::obtain_cubin(&m.source, set.headers, arch, cache)?;
             let module = ctx
                 .load_module(Ptx::from_binary(cubin))
                 .during("load a compiled kernel module")?;
