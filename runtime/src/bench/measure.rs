@@ -3,7 +3,7 @@
 //! forward and backward bodies with a timing probe), and memory.
 //! [`bench_with`] is one body for both precisions: it drives
 //! [`Mamba3Step<P>`] and [`Backbone<P>`] through
-//! [`TrainingStep`](crate::graph::TrainingStep), as the derive implements it.
+//! [`TrainingStep`], as the derive implements it.
 
 use std::collections::BTreeMap;
 

@@ -7,6 +7,7 @@ use half::bf16;
 
 use cudarc::driver::PushKernelArg as _;
 
+use super::Kernel;
 use super::launch::{self, MAX_ELEMENTWISE_BLOCKS};
 use crate::device::error::During as _;
 use crate::device::{DeviceBuffer, Gpu, GpuError, ScratchGuard, to_u32};
@@ -30,7 +31,7 @@ pub fn fill(gpu: &Gpu, y: &mut DeviceBuffer<f32>, value: f32) -> Result<(), GpuE
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.kernel("fill_f32")?;
+    let f = gpu.function(Kernel::FillF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(y.slice_mut()?).arg(&value).arg(&n);
     // SAFETY: fill_f32(float* y, float value, unsigned n) writes y[0..n), and
@@ -54,7 +55,7 @@ pub fn axpy(
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.kernel("axpy_f32")?;
+    let f = gpu.function(Kernel::AxpyF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(x.slice()?).arg(y.slice_mut()?).arg(&a).arg(&n);
     // SAFETY: axpy_f32(const float* x, float* y, float a, unsigned n) reads
@@ -81,7 +82,7 @@ pub fn mul(
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.kernel("mul_f32")?;
+    let f = gpu.function(Kernel::MulF32)?;
     let mut l = gpu.stream().launch_builder(f);
     l.arg(a.slice()?)
         .arg(b.slice()?)
@@ -103,7 +104,7 @@ pub fn silu(gpu: &Gpu, x: &DeviceBuffer<f32>, y: &mut DeviceBuffer<f32>) -> Resu
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.kernel("silu_f32")?;
+    let f = gpu.function(Kernel::SiluF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(x.slice()?).arg(y.slice_mut()?).arg(&n);
     // SAFETY: silu_f32(const float* x, float* y, unsigned n) touches [0..n)
@@ -120,7 +121,7 @@ pub fn add_one(gpu: &Gpu, x: &mut DeviceBuffer<f32>) -> Result<(), GpuError> {
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.kernel("add_one_f32")?;
+    let f = gpu.function(Kernel::AddOneF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(x.slice_mut()?).arg(&n);
     // SAFETY: add_one_f32(float* x, unsigned n) updates x[0..n); x holds n f32s.
@@ -142,7 +143,7 @@ pub fn f32_to_bf16(
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.kernel("f32_to_bf16")?;
+    let f = gpu.function(Kernel::F32ToBf16)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(x.slice()?).arg(y.slice_mut()?).arg(&n);
     // SAFETY: f32_to_bf16(const float* x, __nv_bfloat16* y, unsigned n) reads
@@ -166,7 +167,7 @@ pub(crate) fn f32_to_bf16_staged(
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.kernel("f32_to_bf16")?;
+    let f = gpu.function(Kernel::F32ToBf16)?;
     let mut b = gpu.stream().launch_builder(f);
     let mut view = stage.view_mut()?;
     b.arg(x.slice()?).arg(&mut view).arg(&n);
@@ -191,7 +192,7 @@ pub fn bf16_to_f32(
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.kernel("bf16_to_f32")?;
+    let f = gpu.function(Kernel::Bf16ToF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(x.slice()?).arg(y.slice_mut()?).arg(&n);
     // SAFETY: bf16_to_f32(const __nv_bfloat16* x, float* y, unsigned n) reads

@@ -8,6 +8,7 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg as _};
 
+use super::Kernel;
 use super::launch::{self, BLOCK, MAX_ELEMENTWISE_BLOCKS};
 use super::precision::Compute;
 use crate::device::error::During as _;
@@ -242,7 +243,7 @@ pub fn embed_fwd(
         to_u32("vocab", sh.vocab)?,
         to_u32("rows", sh.rows)?,
     );
-    let f = gpu.kernel("m3_embed_fwd_f32")?;
+    let f = gpu.function(Kernel::M3EmbedFwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(tokens.slice()?)
         .arg(emb.slice()?)
@@ -283,7 +284,7 @@ pub fn rmsnorm_fwd<T: Compute>(
         to_u32("rmsnorm width", width)?,
         to_u32("rmsnorm rows", rows)?,
     );
-    let f = gpu.kernel(T::RMSNORM_FWD)?;
+    let f = gpu.function(T::RMSNORM_FWD)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(x.slice()?)
         .arg(w.slice()?)
@@ -330,7 +331,7 @@ pub fn prep(
     ] {
         need(gpu, what, buf, sh.per_row(sh.nheads)?)?;
     }
-    let f = gpu.kernel("m3_prep_f32")?;
+    let f = gpu.function(Kernel::M3PrepF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(proj.slice()?)
         .arg(dt_bias.slice()?)
@@ -360,7 +361,7 @@ pub fn angle_fwd(
     need(gpu, "angle: dt", dt, sh.per_row(sh.nheads)?)?;
     need(gpu, "angle: theta", theta, sh.per_row(sh.angles)?)?;
     need(gpu, "angle: phi", phi, sh.per_row(sh.nheads * sh.angles)?)?;
-    let f = gpu.kernel("m3_angle_fwd_f32")?;
+    let f = gpu.function(Kernel::M3AngleFwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(dt.slice()?)
         .arg(theta.slice()?)
@@ -432,7 +433,7 @@ pub fn qk_fwd<Q: Compute>(
     } else {
         Q::QK_FWD
     };
-    let f = gpu.kernel(name)?;
+    let f = gpu.function(name)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(src.proj.slice()?).arg(rb.slice()?).arg(rc.slice()?);
     b.arg(bn.slice()?)
@@ -566,10 +567,10 @@ pub const MAX_SCAN_SMEM: usize = 232_448;
 /// keeps the captured work to launches and copies.
 pub fn scan_prepare(gpu: &Gpu, sh: &Mamba3Shape) -> Result<(), GpuError> {
     for (name, smem) in [
-        ("m3_scan_fwd_f32", scan_fwd_smem(sh)),
-        ("m3_scan_bwd_f32", scan_bwd_smem(sh)),
-        ("m3_scan_fwd_bf16qk", scan_fwd_smem(sh)),
-        ("m3_scan_bwd_bf16qk", scan_bwd_smem(sh)),
+        (Kernel::M3ScanFwdF32, scan_fwd_smem(sh)),
+        (Kernel::M3ScanBwdF32, scan_bwd_smem(sh)),
+        (Kernel::M3ScanFwdBf16qk, scan_fwd_smem(sh)),
+        (Kernel::M3ScanBwdBf16qk, scan_bwd_smem(sh)),
     ] {
         let bytes = check_smem(smem)?;
         let opt_in = i32::try_from(bytes).map_err(|_| GpuError::SizeOverflow {
@@ -577,7 +578,7 @@ pub fn scan_prepare(gpu: &Gpu, sh: &Mamba3Shape) -> Result<(), GpuError> {
             value: u128::from(bytes),
             target: "i32",
         })?;
-        gpu.kernel(name)?
+        gpu.function(name)?
             .set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 opt_in,
@@ -646,7 +647,7 @@ pub fn scan_fwd<Q: Compute>(
         sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state,
     )?;
     let cfg = scan_launch(gpu, sh, scan_fwd_smem(sh))?;
-    let f = gpu.kernel(Q::SCAN_FWD)?;
+    let f = gpu.function(Q::SCAN_FWD)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
     b.arg(dt.slice()?)
@@ -685,7 +686,7 @@ pub fn gate_fwd<T: Compute>(
     }
     // Without the norm the kernel never reads the weight; y stands in.
     let w = norm_w.unwrap_or(y);
-    let f = gpu.kernel(T::GATE_FWD)?;
+    let f = gpu.function(T::GATE_FWD)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(y.slice()?)
         .arg(proj.slice()?)
@@ -719,7 +720,7 @@ pub fn ce_fwd(
         to_u32("len", sh.len)?,
         to_u32("rows", sh.rows)?,
     );
-    let f = gpu.kernel("m3_ce_fwd_f32")?;
+    let f = gpu.function(Kernel::M3CeFwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(logits.slice()?)
         .arg(tokens.slice()?)
@@ -743,7 +744,7 @@ pub fn mean(
     need(gpu, "mean: x", x, n)?;
     need(gpu, "mean: out", out, 1)?;
     let nu = to_u32("mean: n", n)?;
-    let f = gpu.kernel("m3_mean_f32")?;
+    let f = gpu.function(Kernel::M3MeanF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(x.slice()?).arg(&nu).arg(out.slice_mut()?);
     // SAFETY: one block reads x[0 .. n) and writes out[0]; both checked.

@@ -6,6 +6,7 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg as _};
 
+use super::Kernel;
 use super::launch::{self, BLOCK};
 use super::mamba3::{
     BcParams, Mamba3Shape, ScanScalars, angle_blocks, check_scan_inputs, need, pair_tile_grid,
@@ -41,7 +42,7 @@ pub fn ce_bwd(
         reason = "one rounding of 1 / rows to the f32 the kernel scales by"
     )]
     let inv = inv as f32;
-    let f = gpu.kernel("m3_ce_bwd_f32")?;
+    let f = gpu.function(Kernel::M3CeBwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(logits.slice()?)
         .arg(lse.slice()?)
@@ -84,7 +85,7 @@ pub fn rmsnorm_bwd(
         to_u32("rows", rows)?,
         u32::from(accumulate),
     );
-    let f = gpu.kernel("m3_rmsnorm_bwd_f32")?;
+    let f = gpu.function(Kernel::M3RmsnormBwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(x.slice()?)
         .arg(w.slice()?)
@@ -138,7 +139,7 @@ pub fn gate_bwd(
     }
     let has_norm = u32::from(norm_w.is_some());
     let w = norm_w.unwrap_or(y);
-    let f = gpu.kernel("m3_gate_bwd_f32")?;
+    let f = gpu.function(Kernel::M3GateBwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(y.slice()?)
         .arg(proj.slice()?)
@@ -224,7 +225,7 @@ pub fn scan_bwd<Q: Compute>(
     need(gpu, "scan_bwd: dy", dy, sh.per_row(sh.d_inner)?)?;
     out.check(gpu, sh, sh.batch * sh.nheads)?;
     let cfg = scan_launch(gpu, sh, scan_bwd_smem(sh))?;
-    let f = gpu.kernel(Q::SCAN_BWD)?;
+    let f = gpu.function(Q::SCAN_BWD)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
     b.arg(dt.slice()?)
@@ -332,11 +333,11 @@ pub fn rot_bcnorm_bwd(
     need(gpu, "rot_bcnorm_bwd: contrib_b", contrib_b, gn)?;
     need(gpu, "rot_bcnorm_bwd: contrib_c", contrib_c, gn)?;
     let name = if tile.is_some() {
-        "m3_rot_bcnorm_bwd_tiled_f32"
+        Kernel::M3RotBcnormBwdTiledF32
     } else {
-        "m3_rot_bcnorm_bwd_f32"
+        Kernel::M3RotBcnormBwdF32
     };
-    let f = gpu.kernel(name)?;
+    let f = gpu.function(name)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(proj.slice()?).arg(rb.slice()?).arg(rc.slice()?);
     b.arg(bn.slice()?)
@@ -394,7 +395,7 @@ pub fn angle_bwd(
         dphi,
         sh.per_row(sh.nheads * sh.angles)?,
     )?;
-    let f = gpu.kernel("m3_angle_bwd_f32")?;
+    let f = gpu.function(Kernel::M3AngleBwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(dphi.slice_mut()?).arg(&d);
     // SAFETY: each thread walks one time segment of one (b, h, s) column of
@@ -439,7 +440,7 @@ pub fn scalar_bwd(
         sh.per_row(sh.nheads * sh.angles)?,
     )?;
     need(gpu, "scalar_bwd: dproj", dproj, sh.per_row(sh.width)?)?;
-    let f = gpu.kernel("m3_scalar_bwd_f32")?;
+    let f = gpu.function(Kernel::M3ScalarBwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(proj.slice()?)
         .arg(dt_bias.slice()?)
@@ -456,7 +457,7 @@ pub fn scalar_bwd(
     // lengths (its row's dt/A/trap columns of dproj).
     unsafe { b.launch(thread_blocks(rh)?) }.during("launch m3_scalar_bwd_f32")?;
 
-    let f = gpu.kernel("m3_dtheta_bwd_f32")?;
+    let f = gpu.function(Kernel::M3DthetaBwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(proj.slice()?)
         .arg(rphi.slice()?)
@@ -590,11 +591,11 @@ pub fn colsum(
         shared_mem_bytes: 0,
     };
     let name = if vec == 4 {
-        "m3_colsum_partials_f32x4"
+        Kernel::M3ColsumPartialsF32x4
     } else {
-        "m3_colsum_partials_f32"
+        Kernel::M3ColsumPartialsF32
     };
-    let f = gpu.kernel(name)?;
+    let f = gpu.function(name)?;
     if splits == 1 {
         let mut b = gpu.stream().launch_builder(f);
         b.arg(x.slice()?).arg(out.slice_mut()?).arg(&d);
@@ -617,7 +618,7 @@ pub fn colsum(
     // c < cols (as above) and writes partials[split * cols + c] for
     // split < splits and c < cols (splits * cols checked).
     unsafe { b.launch(pass1) }.during("launch m3_colsum_partials")?;
-    let f = gpu.kernel("m3_colsum_finish_f32")?;
+    let f = gpu.function(Kernel::M3ColsumFinishF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(partials.slice()?).arg(out.slice_mut()?).arg(&d);
     let pass2 = launch::grid(to_u32("colsum: finish blocks", cols.div_ceil(32))?);
@@ -644,7 +645,7 @@ pub fn embed_bwd(
         to_u32("vocab", sh.vocab)?,
         to_u32("rows", sh.rows)?,
     );
-    let f = gpu.kernel("m3_embed_bwd_f32")?;
+    let f = gpu.function(Kernel::M3EmbedBwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(tokens.slice()?)
         .arg(dh.slice()?)
@@ -669,7 +670,7 @@ pub fn advance_schedule(
     need(gpu, "advance_schedule: hyper", hyper, 5)?;
     need(gpu, "advance_schedule: step", step, 1)?;
     need(gpu, "advance_schedule: derived", derived, 8)?;
-    let f = gpu.kernel("m3_advance_schedule")?;
+    let f = gpu.function(Kernel::M3AdvanceSchedule)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(hyper.slice()?)
         .arg(step.slice_mut()?)

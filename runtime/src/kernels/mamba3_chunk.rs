@@ -21,6 +21,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg as _};
 
 use half::bf16;
 
+use super::Kernel;
 use super::mamba3::{MAX_SCAN_SMEM, Mamba3Shape, ScanScalars, check_scan_inputs, need};
 use super::mamba3_bwd::ScanGrads;
 use crate::device::error::During as _;
@@ -121,8 +122,12 @@ pub fn prepare(gpu: &Gpu) -> Result<(), GpuError> {
         value: 232_448,
         target: "i32",
     })?;
-    for name in ["m3c_chunk_state", "m3c_scan_out", "m3c_scan_bwd"] {
-        gpu.kernel(name)?
+    for name in [
+        Kernel::M3cChunkState,
+        Kernel::M3cScanOut,
+        Kernel::M3cScanBwd,
+    ] {
+        gpu.function(name)?
             .set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 bytes,
@@ -195,7 +200,7 @@ fn states_and_walk(
         to_u32("chunk scan: x offset", off)?,
     );
     let cfg = per_chunk(gpu, sh, state_smem(sh))?;
-    let f = gpu.kernel("m3c_chunk_state")?;
+    let f = gpu.function(Kernel::M3cChunkState)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(xb.slice()?).arg(&stride).arg(&off).arg(y.slice()?);
     b.arg(dt.slice()?).arg(adt.slice()?).arg(lam.slice()?);
@@ -206,7 +211,7 @@ fn states_and_walk(
     // slice of `out` (length checked); shared memory is `state_smem`.
     unsafe { b.launch(cfg) }.during("launch m3c_chunk_state")?;
 
-    let f = gpu.kernel("m3c_state_pass")?;
+    let f = gpu.function(Kernel::M3cStatePass)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(adt.slice()?).arg(out.slice_mut()?).arg(&d).arg(&dir);
     // SAFETY: thread i of block (x, b*H + h) owns elements 4 (x*256 + i) ..
@@ -251,7 +256,7 @@ pub fn scan_fwd(
     let d = sh.dims()?;
     let [dt, adt, lam, qk_raw] = scalars;
     let cfg = per_chunk(gpu, sh, out_smem(sh))?;
-    let f = gpu.kernel("m3c_scan_out")?;
+    let f = gpu.function(Kernel::M3cScanOut)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
     b.arg(dt.slice()?)
@@ -298,7 +303,7 @@ pub fn scan_bwd(
     let d = sh.dims()?;
     let [dt, adt, lam, qk_raw] = scalars;
     let cfg = per_chunk(gpu, sh, bwd_smem(sh))?;
-    let f = gpu.kernel("m3c_scan_bwd")?;
+    let f = gpu.function(Kernel::M3cScanBwd)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
     b.arg(dt.slice()?)

@@ -10,10 +10,11 @@
 //! anything can be captured, so no kernel is loaded lazily inside a capture;
 //! then every generic kernel runs once.
 //!
-//! The wrappers are the only place that pushes kernel arguments: each takes
-//! typed buffers, checks lengths and that every size fits the kernel's
-//! `unsigned` parameter (`u32::try_from`), and launches on the context's
-//! capture stream. They are plain functions `fn(&Gpu, ...) -> Result<(),
+//! The wrappers are the only place that pushes kernel arguments: each names
+//! its kernel by a [`Kernel`] value, takes typed buffers and plain shapes
+//! ([`mamba3::Mamba3Shape`], never a model type), checks lengths and that
+//! every size fits the kernel's `unsigned` parameter (`u32::try_from`), and
+//! launches on the context's capture stream. They are plain functions `fn(&Gpu, ...) -> Result<(),
 //! GpuError>`, so a step spec can name them (or functions built from them) as
 //! ops directly.
 //!
@@ -23,7 +24,9 @@
 //!    count last as `unsigned n`, looping with `SG_FOR_EACH` from
 //!    `common.cuh` (a grid-stride loop with a 64-bit index).
 //! 2. List its name in that file's entry of [`MODULES`] (add an entry, with
-//!    `include_str!`, for a new file; a new shared header goes in [`HEADERS`]).
+//!    `include_str!`, for a new file; a new shared header goes in [`HEADERS`]),
+//!    and add its [`Kernel`] variant (a unit test holds the two to the same
+//!    names).
 //! 3. Write its wrapper next to the others: check lengths, convert sizes with
 //!    [`to_u32`](crate::device::to_u32), build the config with
 //!    [`launch::grid`], push arguments in the kernel's order, and launch
@@ -32,6 +35,7 @@
 
 mod context;
 pub mod elementwise;
+mod id;
 pub mod launch;
 pub mod mamba3;
 pub mod mamba3_bwd;
@@ -43,6 +47,7 @@ pub mod train;
 
 pub use context::KERNELS;
 pub use elementwise::{add_one, axpy, bf16_to_f32, f32_to_bf16, fill, mul, silu};
+pub use id::Kernel;
 pub use reduce::{sum_squares, sum_squares_blocks};
 
 pub use crate::device::Module;

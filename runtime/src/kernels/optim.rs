@@ -21,6 +21,7 @@
 use cudarc::driver::{DeviceRepr, PushKernelArg as _};
 use half::bf16;
 
+use super::Kernel;
 use super::launch::{self, MAX_ELEMENTWISE_BLOCKS};
 use super::mamba3::need;
 use crate::device::error::During as _;
@@ -140,7 +141,7 @@ pub fn sumsq_partials(
     let total = norm_partials(grads.iter().map(|g| g.len()));
     need(gpu, "sumsq_partials: partials", partials, total)?;
     to_u32("sumsq_partials: partials", total)?;
-    let f = gpu.kernel("mt_sumsq_partials")?;
+    let f = gpu.function(Kernel::MtSumsqPartials)?;
     let mut offset = 0usize;
     for part in grads.chunks(NORM_MAX) {
         let mut list = MtNormList {
@@ -230,7 +231,7 @@ pub fn adamw(
         }
         to_u32("adamw: tensor length", n)?;
     }
-    let f = gpu.kernel("mt_adamw")?;
+    let f = gpu.function(Kernel::MtAdamw)?;
     for part in tensors.chunks_mut(ADAM_MAX) {
         let mut list = MtAdamList {
             param: [0; ADAM_MAX],

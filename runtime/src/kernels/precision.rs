@@ -12,6 +12,7 @@
 
 use half::bf16;
 
+use super::Kernel;
 use super::elementwise::f32_to_bf16_staged;
 use crate::device::{DeviceBuffer, Element, Gemm, Gpu, GpuError, ScratchGuard};
 
@@ -27,21 +28,21 @@ pub trait Compute: Element + sealed::Sealed {
     /// Short name, for logs and errors (`"f32"`, `"bf16"`).
     const NAME: &'static str;
     /// The row-wise RMSNorm kernel writing this type (f32 input).
-    const RMSNORM_FWD: &'static str;
+    const RMSNORM_FWD: Kernel;
     /// The z-gate kernel writing this type (f32 inputs).
-    const GATE_FWD: &'static str;
+    const GATE_FWD: Kernel;
     /// Whether the scan runs as the chunk-parallel tensor-core kernels
     /// (`kernels/mamba3_chunk.cu`, bf16 products with f32 accumulation)
     /// where the shape allows; otherwise the scalar f32 scan.
     const TENSOR_CORE_SCAN: bool;
     /// `m3_qk_fwd_*`: rotated q/k stored in this type.
-    const QK_FWD: &'static str;
+    const QK_FWD: Kernel;
     /// `m3_qk_fwd_tiled_*`: the tiled form of [`Compute::QK_FWD`].
-    const QK_FWD_TILED: &'static str;
+    const QK_FWD_TILED: Kernel;
     /// The scalar scan's forward kernel reading q/k in this type.
-    const SCAN_FWD: &'static str;
+    const SCAN_FWD: Kernel;
     /// The scalar scan's backward kernel reading q/k in this type.
-    const SCAN_BWD: &'static str;
+    const SCAN_BWD: Kernel;
 
     /// `buf` as a bf16 buffer when this type is bf16 (the chunk scan reads
     /// its q/k in bf16 only), else `None`.
@@ -90,14 +91,14 @@ pub trait Compute: Element + sealed::Sealed {
 
 impl Compute for f32 {
     const NAME: &'static str = "f32";
-    const RMSNORM_FWD: &'static str = "m3_rmsnorm_fwd_f32";
-    const GATE_FWD: &'static str = "m3_gate_fwd_f32";
+    const RMSNORM_FWD: Kernel = Kernel::M3RmsnormFwdF32;
+    const GATE_FWD: Kernel = Kernel::M3GateFwdF32;
     // The f32 step is held to the f64 oracle at 1e-4; bf16 products are not.
     const TENSOR_CORE_SCAN: bool = false;
-    const QK_FWD: &'static str = "m3_qk_fwd_f32";
-    const QK_FWD_TILED: &'static str = "m3_qk_fwd_tiled_f32";
-    const SCAN_FWD: &'static str = "m3_scan_fwd_f32";
-    const SCAN_BWD: &'static str = "m3_scan_bwd_f32";
+    const QK_FWD: Kernel = Kernel::M3QkFwdF32;
+    const QK_FWD_TILED: Kernel = Kernel::M3QkFwdTiledF32;
+    const SCAN_FWD: Kernel = Kernel::M3ScanFwdF32;
+    const SCAN_BWD: Kernel = Kernel::M3ScanBwdF32;
 
     fn as_bf16(_buf: &DeviceBuffer<f32>) -> Option<&DeviceBuffer<bf16>> {
         None
@@ -149,13 +150,13 @@ impl Compute for f32 {
 
 impl Compute for bf16 {
     const NAME: &'static str = "bf16";
-    const RMSNORM_FWD: &'static str = "m3_rmsnorm_fwd_bf16";
-    const GATE_FWD: &'static str = "m3_gate_fwd_bf16";
+    const RMSNORM_FWD: Kernel = Kernel::M3RmsnormFwdBf16;
+    const GATE_FWD: Kernel = Kernel::M3GateFwdBf16;
     const TENSOR_CORE_SCAN: bool = true;
-    const QK_FWD: &'static str = "m3_qk_fwd_bf16qk";
-    const QK_FWD_TILED: &'static str = "m3_qk_fwd_tiled_bf16qk";
-    const SCAN_FWD: &'static str = "m3_scan_fwd_bf16qk";
-    const SCAN_BWD: &'static str = "m3_scan_bwd_bf16qk";
+    const QK_FWD: Kernel = Kernel::M3QkFwdBf16qk;
+    const QK_FWD_TILED: Kernel = Kernel::M3QkFwdTiledBf16qk;
+    const SCAN_FWD: Kernel = Kernel::M3ScanFwdBf16qk;
+    const SCAN_BWD: Kernel = Kernel::M3ScanBwdBf16qk;
 
     fn as_bf16(buf: &DeviceBuffer<bf16>) -> Option<&DeviceBuffer<bf16>> {
         Some(buf)

@@ -8,6 +8,7 @@
 
 use cudarc::driver::PushKernelArg as _;
 
+use super::Kernel;
 use super::launch;
 use crate::device::error::During as _;
 use crate::device::{DeviceBuffer, Gpu, GpuError, REDUCE_PARTIALS, to_u32};
@@ -46,7 +47,7 @@ pub fn sum_squares(
     let mut partials = gpu.scratch_view::<f32>(REDUCE_PARTIALS, count)?;
     let mut view = partials.view_mut()?;
 
-    let f1 = gpu.kernel("sumsq_partials_f32")?;
+    let f1 = gpu.function(Kernel::SumsqPartialsF32)?;
     let mut b = gpu.stream().launch_builder(f1);
     b.arg(x.slice()?).arg(&n).arg(&mut view);
     // SAFETY: sumsq_partials_f32(const float* x, unsigned n, float* partials)
@@ -54,7 +55,7 @@ pub fn sum_squares(
     // the scratch view holds `blocks` f32s, the grid size used here.
     unsafe { b.launch(launch::grid(blocks)) }.during("launch sumsq_partials_f32")?;
 
-    let f2 = gpu.kernel("sum_partials_f32")?;
+    let f2 = gpu.function(Kernel::SumPartialsF32)?;
     let mut b = gpu.stream().launch_builder(f2);
     b.arg(&mut view).arg(&blocks).arg(out.slice_mut()?);
     // SAFETY: sum_partials_f32(const float* partials, unsigned count, float*

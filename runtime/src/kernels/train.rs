@@ -6,6 +6,7 @@
 
 use cudarc::driver::PushKernelArg as _;
 
+use super::Kernel;
 use super::launch;
 use super::mamba3::{Mamba3Shape, need, row_blocks, thread_blocks};
 use crate::device::error::During as _;
@@ -27,7 +28,7 @@ pub fn weighted_loss(
     need(gpu, "weighted_loss: loss", loss, 1)?;
     need(gpu, "weighted_loss: gate", gate, 3)?;
     let n = to_u32("weighted_loss: rows", rows)?;
-    let f = gpu.kernel("tr_weighted_loss_f32")?;
+    let f = gpu.function(Kernel::TrWeightedLossF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(row_loss.slice()?)
         .arg(w.slice()?)
@@ -60,7 +61,7 @@ pub fn mask_rows(
         to_u32("len", sh.len)?,
         to_u32("rows", sh.rows)?,
     );
-    let f = gpu.kernel("tr_mask_rows_f32")?;
+    let f = gpu.function(Kernel::TrMaskRowsF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(logits.slice_mut()?)
         .arg(lse.slice_mut()?)
@@ -88,7 +89,7 @@ pub fn zero_range(
         to_u32("zero_range: start", start)?,
         to_u32("zero_range: n", end - start)?,
     );
-    let f = gpu.kernel("tr_zero_range_f32")?;
+    let f = gpu.function(Kernel::TrZeroRangeF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(x.slice_mut()?).arg(&s).arg(&n);
     // SAFETY: writes x[start .. start + n) = x[start .. end), and x holds at
@@ -136,7 +137,7 @@ pub fn schedule(gpu: &Gpu, a: ScheduleArgs<'_>) -> Result<(), GpuError> {
     need(gpu, "schedule: loss", a.loss, 1)?;
     need(gpu, "schedule: report", a.report, 8)?;
     let count = to_u32("schedule: partials", a.count)?;
-    let f = gpu.kernel("tr_schedule")?;
+    let f = gpu.function(Kernel::TrSchedule)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(a.partials.slice()?)
         .arg(&count)
@@ -184,7 +185,7 @@ pub fn argmax(
         to_u32("argmax: real", real)?,
         to_u32("argmax: rows", rows)?,
     );
-    let f = gpu.kernel("tr_argmax_f32")?;
+    let f = gpu.function(Kernel::TrArgmaxF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(logits.slice()?)
         .arg(out.slice_mut()?)
