@@ -6,21 +6,29 @@
 //! CUDA-graph trainers repeat and get wrong. This crate is the runtime those
 //! generated items call into:
 //!
-//! * [`graph`]: the backend trait, pointer snapshots, guards and their errors,
-//!   the [`TrainingStep`](graph::TrainingStep) trait and the one
-//!   [`Precision`] enum;
-//! * [`float`]: the scalar trait host-side math is generic over;
-//! * [`device`]: the CUDA context ([`device::Gpu`]): buffers, NVRTC, cuBLAS,
-//!   scratch, and the graph backend;
-//! * [`kernels`]: the embedded CUDA kernels and their typed launch wrappers;
-//! * [`mamba3`]: the Mamba-3 SISO language model (CPU float64 oracle first);
-//! * [`optim`]: AdamW with torch semantics;
-//! * [`step`]: the training step the specs describe, one struct for both
-//!   precisions, joining model and optimizer;
-//! * [`train`]: data, the step-engine seam, the CPU engine, checkpoints and
-//!   the training loop behind `stepgraph train`;
-//! * [`bench`]: step time, tokens/s, MFU and cold start behind `stepgraph bench`;
-//! * [`eval`]: a checkpoint's loss on a token set, behind `stepgraph eval`.
+//! The modules form layers, listed bottom to top; each uses only the layers
+//! below it, modules on one layer never use each other (enforced by
+//! `runtime/tests/architecture.rs`):
+//!
+//! 0. [`graph`]: what generated code targets: the backend trait, pointer
+//!    snapshots, guards and their errors, the [`TrainingStep`](graph::TrainingStep)
+//!    trait every derived step implements, the one [`Precision`] enum;
+//!    [`float`]: the scalar trait host-side math is generic over;
+//! 1. [`device`]: the CUDA context ([`device::Gpu`]): buffers, NVRTC,
+//!    cuBLAS, scratch and the graph backend; it compiles whatever kernel
+//!    modules it is handed and knows no kernel;
+//! 2. [`kernels`]: the embedded CUDA kernels, their typed identities and
+//!    launch wrappers (plain shapes, no model types); `Gpu::new`;
+//! 3. [`mamba3`]: the Mamba-3 SISO language model (CPU float64 oracle first,
+//!    GPU forward/backward generic over the compute type); [`optim`]: AdamW
+//!    with torch semantics over named tensors, knowing no model;
+//! 4. [`step`]: the training step the specs describe, one struct for both
+//!    precisions, joining model and optimizer;
+//! 5. [`train`]: data, the step-engine seam, the CPU and GPU engines,
+//!    checkpoints and the training loop behind `stepgraph train`;
+//!    [`bench`](mod@bench): step time, tokens/s, MFU and cold start behind
+//!    `stepgraph bench`;
+//! 6. [`eval`]: a checkpoint's loss on a token set, behind `stepgraph eval`.
 //!
 //! The `stepgraph` binary wraps all of it: `train`, `eval`, `bench`, `check`.
 

@@ -226,7 +226,9 @@ pub enum GpuError {
         what: &'static str,
     },
     /// A kernel name is not in the loaded kernel table.
-    #[error("kernel `{name}` is not loaded (is it listed in kernels::SOURCES?)")]
+    #[error(
+        "kernel `{name}` is not loaded (is it listed in the modules the context was opened with?)"
+    )]
     MissingKernel {
         /// Function name.
         name: &'static str,
