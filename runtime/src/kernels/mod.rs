@@ -40,6 +40,7 @@ pub mod launch;
 pub mod mamba3;
 pub mod mamba3_bwd;
 pub mod mamba3_chunk;
+mod mamba3_shape;
 pub mod optim;
 pub mod precision;
 pub mod reduce;
