@@ -234,7 +234,12 @@ fn bf16_loss_and_gradients_match_the_f64_oracle() {
         ),
         ("B3", tiny.clone(), 3, 20),
         ("T130", tiny.clone(), 2, 130),
-        ("T1", tiny.clone(), 2, 1),
+        // One token a sequence. With 2 sequences the norm weights'
+        // gradients were sums of two bf16-rounded terms, and one of them
+        // cancelling left a tensor at rel 5.5e-2 / 9.8e-2 on 2 of ~20 random
+        // seeds on the H200 (bf16 noise, no averaging); 8 sequences keep
+        // the edge case (no state carried) with a sum to average over.
+        ("T1", tiny.clone(), 8, 1),
         (
             "chunk 8, T37",
             Mamba3Config {
