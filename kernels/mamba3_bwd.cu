@@ -246,21 +246,21 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
 
 // The tiled form of m3_rot_bcnorm_bwd_f32 that also sums the bias
 // gradients, for N / 2 in {32, 64, 128, 256} (the wrapper falls back to the
-// warp form plus column sums otherwise). A block owns a tile of rows and one
-// group; a thread owns one interleaved pair p (N / 2 threads a "slot") and
-// M3_RBT_ROWS rows of the tile (slot, slot + slots, ...), whose B/C inputs and
-// per-group sums over heads sit in its registers. Heads are walked outer,
-// rows inner, so the sum over the tile's rows of each head's dk/dq (the
-// bias gradient's share of the tile) builds up in registers too; the slots'
-// sums are added in slot order and written over the tile's first row of
-// dk/dq for that head (every read of that head's tile is done by then: the
-// block synchronizes first, and no other block touches the tile). The bias
-// gradients are then column sums over those rows (stride: a tile).
-// Same math and head order as the warp form, so dproj, dphi and contrib
-// agree with it except for the order of the norm's row dot.
-// Four rows a thread: eight took 240 registers (every row's loads hoisted).
-#define M3_RBT_ROWS 4
-extern "C" __global__ void __launch_bounds__(SG_BLOCK, 2)
+// warp form plus column sums otherwise). A block owns a tile of
+// M3_RBT_ROWS rows and one group; a thread owns one interleaved pair p
+// (N / 2 threads a "slot") and the heads slot, slot + slots, ... of the
+// group, over all the tile's rows, whose normalised B/C (x * rstd) sit in
+// its registers. So a head's sum over the tile's rows of dk/dq (the bias
+// gradient's share of the tile) is one thread's, written over the tile's
+// first row of dk/dq for that head once the thread has read them all (no
+// other thread reads those elements), with no barrier in the head loop; the
+// per-row sums over heads (the norm's upstream gradient) build up in
+// thread-private shared memory and are added over the slots, in slot
+// order, after one barrier. The bias gradients are then column sums over
+// those rows (stride: a tile). Same math as the warp form except the
+// order of the sums over heads and of the norm's row dot.
+#define M3_RBT_ROWS 8
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     m3_rot_bcnorm_bwd_tiled_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b,
                                 const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
                                 const float* __restrict__ c_norm, const float* __restrict__ b_bias,
@@ -269,54 +269,49 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK, 2)
                                 const float* __restrict__ dqkdot, float* __restrict__ dq, float* __restrict__ dk,
                                 float* __restrict__ dphi, float* __restrict__ dproj, float* __restrict__ contrib_b,
                                 float* __restrict__ contrib_c, M3Dims d) {
-    // [parity][slot][pair] of the tile's per-head (dk, dq) pair sums; rows'
-    // norm dots [warp][row][b, c].
-    __shared__ float4 red[2][SG_BLOCK];
+    // [row][thread]: this thread's (dk pair, dq pair) sums over its heads.
+    __shared__ float4 acc[M3_RBT_ROWS][SG_BLOCK];
+    // [warp][k]: a row's norm dots (b, c), one partial per warp.
     __shared__ float2 rowdot[SG_BLOCK / 32][M3_RBT_ROWS];
     const unsigned np = d.d_state / 2, slots = SG_BLOCK / np;
     const unsigned p = threadIdx.x % np, slot = threadIdx.x / np;
-    const unsigned tile_rows = slots * M3_RBT_ROWS, g = blockIdx.y;
-    const unsigned long long r0 = (unsigned long long)blockIdx.x * tile_rows;
-    const unsigned hpg = d.nheads / d.ngroups, j0 = 2 * p;
+    const unsigned g = blockIdx.y, hpg = d.nheads / d.ngroups, j0 = 2 * p;
+    const unsigned long long r0 = (unsigned long long)blockIdx.x * M3_RBT_ROWS;
+    const unsigned live_rows = (unsigned)min((unsigned long long)M3_RBT_ROWS, d.rows - r0);
     const float bn0 = b_norm[j0], bn1 = b_norm[j0 + 1], cn0 = c_norm[j0], cn1 = c_norm[j0 + 1];
     const bool rotated = p < d.angles;
-    float rb[M3_RBT_ROWS], rc[M3_RBT_ROWS];
-    float xb[M3_RBT_ROWS][2], xc[M3_RBT_ROWS][2], sb[M3_RBT_ROWS][2], sc[M3_RBT_ROWS][2];
+    float xb[M3_RBT_ROWS][2], xc[M3_RBT_ROWS][2];
 #pragma unroll
     for (int i = 0; i < M3_RBT_ROWS; ++i) {
-        const unsigned long long row = r0 + slot + (unsigned long long)i * slots;
-        const bool live = row < d.rows;
+        const unsigned long long row = r0 + i;
+        const bool live = i < live_rows;
         const float* pr = proj + row * d.width;
-        rb[i] = live ? rstd_b[row * d.ngroups + g] : 0.0f;
-        rc[i] = live ? rstd_c[row * d.ngroups + g] : 0.0f;
+        const float rb = live ? rstd_b[row * d.ngroups + g] : 0.0f;
+        const float rc = live ? rstd_c[row * d.ngroups + g] : 0.0f;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            xb[i][e] = live ? pr[d.off_b + g * d.d_state + j0 + e] : 0.0f;
-            xc[i][e] = live ? pr[d.off_c + g * d.d_state + j0 + e] : 0.0f;
-            sb[i][e] = 0.0f;
-            sc[i][e] = 0.0f;
+            xb[i][e] = live ? pr[d.off_b + g * d.d_state + j0 + e] * rb : 0.0f;
+            xc[i][e] = live ? pr[d.off_c + g * d.d_state + j0 + e] * rc : 0.0f;
         }
+        acc[i][threadIdx.x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll 1
-    for (unsigned h = g * hpg; h < (g + 1) * hpg; ++h) {
+    for (unsigned h = g * hpg + slot; h < (g + 1) * hpg; h += slots) {
         const float2 bb = m3_load_pair(b_bias + h * d.d_state + j0);
         const float2 cb = m3_load_pair(c_bias + h * d.d_state + j0);
         float4 tile = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int i = 0; i < M3_RBT_ROWS; ++i) {
-            const unsigned long long row = r0 + slot + (unsigned long long)i * slots;
-            if (row >= d.rows) {
+            if (i >= live_rows) {
                 continue;
             }
-            const unsigned long long rh = row * d.nheads + h;
+            const unsigned long long rh = (r0 + i) * d.nheads + h;
             const unsigned long long e0 = rh * d.d_state + j0;
             const float dqk = dqkdot[rh] * lam[rh] * dt[rh];
             const float2 gk = m3_load_pair(dk + e0), gq = m3_load_pair(dq + e0);
             float gk0 = gk.x, gk1 = gk.y, gq0 = gq.x, gq1 = gq.y;
-            const float kb0 = m3_hat(xb[i][0], rb[i], bn0, bb.x);
-            const float kb1 = m3_hat(xb[i][1], rb[i], bn1, bb.y);
-            const float qb0 = m3_hat(xc[i][0], rc[i], cn0, cb.x);
-            const float qb1 = m3_hat(xc[i][1], rc[i], cn1, cb.y);
+            const float kb0 = fmaf(xb[i][0], bn0, bb.x), kb1 = fmaf(xb[i][1], bn1, bb.y);
+            const float qb0 = fmaf(xc[i][0], cn0, cb.x), qb1 = fmaf(xc[i][1], cn1, cb.y);
             if (rotated) {
                 float sn, cs;
                 sincosf(phi[rh * d.angles + p], &sn, &cs);
@@ -332,74 +327,89 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK, 2)
             gk1 = fmaf(dqk, qb1, gk1);
             gq0 = fmaf(dqk, kb0, gq0);
             gq1 = fmaf(dqk, kb1, gq1);
-            sb[i][0] += gk0;
-            sb[i][1] += gk1;
-            sc[i][0] += gq0;
-            sc[i][1] += gq1;
+            float4 a = acc[i][threadIdx.x];
+            a.x += gk0;
+            a.y += gk1;
+            a.z += gq0;
+            a.w += gq1;
+            acc[i][threadIdx.x] = a;
             tile.x += gk0;
             tile.y += gk1;
             tile.z += gq0;
             tile.w += gq1;
         }
-        // Two buffers by head parity: one barrier a head separates this
-        // head's writes from the reads two heads back.
-        float4* r = red[h & 1];
-        r[threadIdx.x] = tile;
-        __syncthreads();
-        if (slot == 0) {
-            float4 s = r[p];
-            for (unsigned o = 1; o < slots; ++o) {
-                const float4 t = r[o * np + p];
-                s.x += t.x;
-                s.y += t.y;
-                s.z += t.z;
-                s.w += t.w;
-            }
-            const unsigned long long e0 = (r0 * d.nheads + h) * d.d_state + j0;
-            m3_store_pair(dk + e0, s.x, s.y);
-            m3_store_pair(dq + e0, s.z, s.w);
-        }
+        const unsigned long long e0 = (r0 * d.nheads + h) * d.d_state + j0;
+        m3_store_pair(dk + e0, tile.x, tile.y);
+        m3_store_pair(dq + e0, tile.z, tile.w);
     }
+    __syncthreads();
     // RMSNorm backward of B^ = B rb w (C likewise), the group sums as the
-    // upstream gradient; a row's dot runs over its slot's np / 32 warps.
+    // upstream gradient: slot s takes rows s, s + slots, ...; a row's dot
+    // runs over the slot's np / 32 warps.
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-    for (int i = 0; i < M3_RBT_ROWS; ++i) {
-        float ab = sb[i][0] * bn0 * xb[i][0];
-        ab = fmaf(sb[i][1] * bn1, xb[i][1], ab);
-        float ac = sc[i][0] * cn0 * xc[i][0];
-        ac = fmaf(sc[i][1] * cn1, xc[i][1], ac);
+    const unsigned per = (M3_RBT_ROWS + slots - 1) / slots;
+    // Row i's (sums over heads, raw B/C inputs) of this thread's pair.
+    auto row_sums = [&](unsigned i, float4& t, float2& xbr, float2& xcr) {
+        t = acc[i][p];
+        for (unsigned o = 1; o < slots; ++o) {
+            const float4 u = acc[i][o * np + p];
+            t.x += u.x;
+            t.y += u.y;
+            t.z += u.z;
+            t.w += u.w;
+        }
+        const float* pr = proj + (r0 + i) * d.width;
+        xbr = make_float2(pr[d.off_b + g * d.d_state + j0], pr[d.off_b + g * d.d_state + j0 + 1]);
+        xcr = make_float2(pr[d.off_c + g * d.d_state + j0], pr[d.off_c + g * d.d_state + j0 + 1]);
+    };
+#pragma unroll 1
+    for (unsigned kk = 0; kk < per; ++kk) {
+        const unsigned i = slot + kk * slots;
+        float ab = 0.0f, ac = 0.0f;
+        if (i < live_rows) {
+            float4 t;
+            float2 xbr, xcr;
+            row_sums(i, t, xbr, xcr);
+            ab = fmaf(t.y * bn1, xbr.y, t.x * bn0 * xbr.x);
+            ac = fmaf(t.w * cn1, xcr.y, t.z * cn0 * xcr.x);
+        }
         ab = m3_warp_sum(ab);
         ac = m3_warp_sum(ac);
         if (lane == 0) {
-            rowdot[warp][i] = make_float2(ab, ac);
+            rowdot[warp][kk] = make_float2(ab, ac);
         }
     }
     __syncthreads();
     const unsigned wps = np / 32, w0 = slot * wps;
-#pragma unroll
-    for (int i = 0; i < M3_RBT_ROWS; ++i) {
-        const unsigned long long row = r0 + slot + (unsigned long long)i * slots;
-        if (row >= d.rows) {
+#pragma unroll 1
+    for (unsigned kk = 0; kk < per; ++kk) {
+        const unsigned i = slot + kk * slots;
+        if (i >= live_rows) {
             continue;
         }
-        float2 dot = rowdot[w0][i];
+        const unsigned long long row = r0 + i;
+        float4 t;
+        float2 xbr, xcr;
+        row_sums(i, t, xbr, xcr);
+        const float rb = rstd_b[row * d.ngroups + g], rc = rstd_c[row * d.ngroups + g];
+        float2 dot = rowdot[w0][kk];
         for (unsigned w = 1; w < wps; ++w) {
-            dot.x += rowdot[w0 + w][i].x;
-            dot.y += rowdot[w0 + w][i].y;
+            dot.x += rowdot[w0 + w][kk].x;
+            dot.y += rowdot[w0 + w][kk].y;
         }
-        const float cbn = rb[i] * rb[i] * rb[i] * dot.x / (float)d.d_state;
-        const float ccn = rc[i] * rc[i] * rc[i] * dot.y / (float)d.d_state;
+        const float cbn = rb * rb * rb * dot.x / (float)d.d_state;
+        const float ccn = rc * rc * rc * dot.y / (float)d.d_state;
         const unsigned long long gw = (row * d.ngroups + g) * d.d_state + j0;
-        m3_store_pair(contrib_b + gw, sb[i][0] * xb[i][0] * rb[i], sb[i][1] * xb[i][1] * rb[i]);
-        m3_store_pair(contrib_c + gw, sc[i][0] * xc[i][0] * rc[i], sc[i][1] * xc[i][1] * rc[i]);
+        m3_store_pair(contrib_b + gw, t.x * xbr.x * rb, t.y * xbr.y * rb);
+        m3_store_pair(contrib_c + gw, t.z * xcr.x * rc, t.w * xcr.y * rc);
         float* dr = dproj + row * d.width;
-        dr[d.off_b + g * d.d_state + j0] = rb[i] * bn0 * sb[i][0] - cbn * xb[i][0];
-        dr[d.off_b + g * d.d_state + j0 + 1] = rb[i] * bn1 * sb[i][1] - cbn * xb[i][1];
-        dr[d.off_c + g * d.d_state + j0] = rc[i] * cn0 * sc[i][0] - ccn * xc[i][0];
-        dr[d.off_c + g * d.d_state + j0 + 1] = rc[i] * cn1 * sc[i][1] - ccn * xc[i][1];
+        dr[d.off_b + g * d.d_state + j0] = rb * bn0 * t.x - cbn * xbr.x;
+        dr[d.off_b + g * d.d_state + j0 + 1] = rb * bn1 * t.y - cbn * xbr.y;
+        dr[d.off_c + g * d.d_state + j0] = rc * cn0 * t.z - ccn * xcr.x;
+        dr[d.off_c + g * d.d_state + j0 + 1] = rc * cn1 * t.w - ccn * xcr.y;
     }
 }
+
 // The reverse cumsum over t of dphi, in place (phi_t sums dt_r theta_r over
 // r <= t, so d(dt_t theta_t) = sum_{u >= t} dphi_u), in double. Same
 // schedule as m3_angle_fwd_f32: lane = angle, warp = time segment, segment

@@ -230,105 +230,116 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
 }
 
 
-// The tiled form of qk_fwd for N / 2 in {32, 64, 128, 256} (the wrapper
-// falls back to the warp form otherwise): a block owns a tile of rows and
-// one group, a thread one interleaved pair p and M3_QKT_ROWS rows of the
-// tile (slot, slot + slots, ...), whose normalised B/C (x * rstd, the
-// product m3_hat rounds first) sit in its registers across the group's
-// heads; per head only the bias, phi and the stores are new. A (row, head)
-// dot runs over the slot's N / 64 warps: shuffles, then the warps' sums in
-// warp order. Same values as the warp form.
-#define M3_QKT_ROWS 4
+// The vectorised form of qk_fwd for N / 8 a power of two up to 32 (the
+// wrapper falls back to the warp form otherwise): N / 8 lanes per
+// (row, head), eight elements (four pairs) a lane, so a warp serves 32 / (N / 8)
+// (row, head) items at once (heads fastest: the items of a warp share the
+// row's B/C in L1) and the dot reduces in a few shuffles, with no shared
+// memory and no barrier. Same values as the warp form (m3_hat's rounding:
+// x * rstd first) except the dot's summation order.
 template <typename Q>
-__device__ void qk_fwd_tiled(const float* __restrict__ proj, const float* __restrict__ rstd_b,
-                             const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
-                             const float* __restrict__ c_norm, const float* __restrict__ b_bias,
-                             const float* __restrict__ c_bias, const float* __restrict__ phi,
-                             Q* __restrict__ q, Q* __restrict__ k, float* __restrict__ qk_raw, M3Dims d) {
-    __shared__ float dots[2][SG_BLOCK / 32][M3_QKT_ROWS];
-    const unsigned np = d.d_state / 2, slots = SG_BLOCK / np;
-    const unsigned p = threadIdx.x % np, slot = threadIdx.x / np;
-    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, wps = np / 32;
-    const unsigned tile_rows = slots * M3_QKT_ROWS, g = blockIdx.y;
-    const unsigned long long r0 = (unsigned long long)blockIdx.x * tile_rows;
-    const unsigned hpg = d.nheads / d.ngroups, j0 = 2 * p;
-    const float bn0 = b_norm[j0], bn1 = b_norm[j0 + 1], cn0 = c_norm[j0], cn1 = c_norm[j0 + 1];
-    const bool rotated = p < d.angles;
-    float xb[M3_QKT_ROWS][2], xc[M3_QKT_ROWS][2];
-#pragma unroll
-    for (int i = 0; i < M3_QKT_ROWS; ++i) {
-        const unsigned long long row = r0 + slot + (unsigned long long)i * slots;
-        const bool live = row < d.rows;
-        const float* pr = proj + row * d.width;
-        const float rb = live ? rstd_b[row * d.ngroups + g] : 0.0f;
-        const float rc = live ? rstd_c[row * d.ngroups + g] : 0.0f;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            xb[i][e] = live ? pr[d.off_b + g * d.d_state + j0 + e] * rb : 0.0f;
-            xc[i][e] = live ? pr[d.off_c + g * d.d_state + j0 + e] * rc : 0.0f;
-        }
-    }
-#pragma unroll 1
-    for (unsigned h = g * hpg; h < (g + 1) * hpg; ++h) {
-        const float2 bb = m3_load_pair(b_bias + h * d.d_state + j0);
-        const float2 cb = m3_load_pair(c_bias + h * d.d_state + j0);
-#pragma unroll
-        for (int i = 0; i < M3_QKT_ROWS; ++i) {
-            const unsigned long long row = r0 + slot + (unsigned long long)i * slots;
-            float dot = 0.0f;
-            if (row < d.rows) {
-                const unsigned long long rh = row * d.nheads + h;
-                float kb0 = fmaf(xb[i][0], bn0, bb.x), kb1 = fmaf(xb[i][1], bn1, bb.y);
-                float qb0 = fmaf(xc[i][0], cn0, cb.x), qb1 = fmaf(xc[i][1], cn1, cb.y);
-                dot = fmaf(qb0, kb0, dot);
-                dot = fmaf(qb1, kb1, dot);
-                if (rotated) {
-                    float sn, cs;
-                    sincosf(phi[rh * d.angles + p], &sn, &cs);
-                    m3_rotate(kb0, kb1, sn, cs);
-                    m3_rotate(qb0, qb1, sn, cs);
-                }
-                m3_store_pair(k + rh * d.d_state + j0, kb0, kb1);
-                m3_store_pair(q + rh * d.d_state + j0, qb0, qb1);
-            }
-            dot = m3_warp_sum(dot);
-            if (lane == 0) {
-                dots[h & 1][warp][i] = dot;
-            }
-        }
-        __syncthreads();
-        // Thread i of a slot's first warp finishes row i's dot for this head.
-        if (warp % wps == 0 && lane < M3_QKT_ROWS) {
-            const unsigned long long row = r0 + slot + (unsigned long long)lane * slots;
-            if (row < d.rows) {
-                float s = dots[h & 1][warp][lane];
-                for (unsigned w = 1; w < wps; ++w) {
-                    s += dots[h & 1][warp + w][lane];
-                }
-                qk_raw[row * d.nheads + h] = s;
-            }
-        }
-    }
+__device__ __forceinline__ void m3_store8(Q* p, const float* v);
+template <>
+__device__ __forceinline__ void m3_store8<float>(float* p, const float* v) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <>
+__device__ __forceinline__ void m3_store8<__nv_bfloat16>(__nv_bfloat16* p, const float* v) {
+    uint4 u;
+    __nv_bfloat162 h0 = __floats2bfloat162_rn(v[0], v[1]), h1 = __floats2bfloat162_rn(v[2], v[3]);
+    __nv_bfloat162 h2 = __floats2bfloat162_rn(v[4], v[5]), h3 = __floats2bfloat162_rn(v[6], v[7]);
+    u.x = *reinterpret_cast<unsigned*>(&h0);
+    u.y = *reinterpret_cast<unsigned*>(&h1);
+    u.z = *reinterpret_cast<unsigned*>(&h2);
+    u.w = *reinterpret_cast<unsigned*>(&h3);
+    *reinterpret_cast<uint4*>(p) = u;
 }
 
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
-    m3_qk_fwd_tiled_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b,
-                        const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
-                        const float* __restrict__ c_norm, const float* __restrict__ b_bias,
-                        const float* __restrict__ c_bias, const float* __restrict__ phi, float* __restrict__ q,
-                        float* __restrict__ k, float* __restrict__ qk_raw, M3Dims d) {
-    qk_fwd_tiled<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
-}
-
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
-    m3_qk_fwd_tiled_bf16qk(const float* __restrict__ proj, const float* __restrict__ rstd_b,
+template <typename Q>
+__device__ void qk_fwd_vec(const float* __restrict__ proj, const float* __restrict__ rstd_b,
                            const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
                            const float* __restrict__ c_norm, const float* __restrict__ b_bias,
-                           const float* __restrict__ c_bias, const float* __restrict__ phi,
-                           __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k,
-                           float* __restrict__ qk_raw, M3Dims d) {
-    qk_fwd_tiled<__nv_bfloat16>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
+                           const float* __restrict__ c_bias, const float* __restrict__ phi, Q* __restrict__ q,
+                           Q* __restrict__ k, float* __restrict__ qk_raw, M3Dims d) {
+    const unsigned tpr = d.d_state / 8, sub = threadIdx.x % tpr, j0 = 8 * sub;
+    const unsigned long long total = (unsigned long long)d.rows * d.nheads;
+    const unsigned long long per_warp = 32 / tpr;
+    const unsigned long long warps = (unsigned long long)gridDim.x * (SG_BLOCK / 32);
+    const unsigned hpg = d.nheads / d.ngroups;
+    // The loop bound is the warp's: every lane shuffles on every pass.
+    for (unsigned long long w = (unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32;
+         w * per_warp < total; w += warps) {
+        const unsigned long long item = w * per_warp + (threadIdx.x % 32) / tpr;
+        float dot = 0.0f;
+        if (item < total) {
+            const unsigned long long row = item / d.nheads;
+            const unsigned h = (unsigned)(item % d.nheads), g = h / hpg;
+            const float* pr = proj + row * d.width;
+            const float rb = rstd_b[row * d.ngroups + g], rc = rstd_c[row * d.ngroups + g];
+            float kv[8], qv[8];
+#pragma unroll
+            for (int e = 0; e < 8; e += 4) {
+                const float4 bn = *reinterpret_cast<const float4*>(b_norm + j0 + e);
+                const float4 cn = *reinterpret_cast<const float4*>(c_norm + j0 + e);
+                const float4 bb = *reinterpret_cast<const float4*>(b_bias + h * d.d_state + j0 + e);
+                const float4 cb = *reinterpret_cast<const float4*>(c_bias + h * d.d_state + j0 + e);
+                const float* xb = pr + d.off_b + g * d.d_state + j0 + e;
+                const float* xc = pr + d.off_c + g * d.d_state + j0 + e;
+                kv[e] = m3_hat(xb[0], rb, bn.x, bb.x);
+                kv[e + 1] = m3_hat(xb[1], rb, bn.y, bb.y);
+                kv[e + 2] = m3_hat(xb[2], rb, bn.z, bb.z);
+                kv[e + 3] = m3_hat(xb[3], rb, bn.w, bb.w);
+                qv[e] = m3_hat(xc[0], rc, cn.x, cb.x);
+                qv[e + 1] = m3_hat(xc[1], rc, cn.y, cb.y);
+                qv[e + 2] = m3_hat(xc[2], rc, cn.z, cb.z);
+                qv[e + 3] = m3_hat(xc[3], rc, cn.w, cb.w);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                dot = fmaf(qv[e], kv[e], dot);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const unsigned pair = j0 / 2 + i;
+                if (pair < d.angles) {
+                    float sn, cs;
+                    sincosf(phi[item * d.angles + pair], &sn, &cs);
+                    m3_rotate(kv[2 * i], kv[2 * i + 1], sn, cs);
+                    m3_rotate(qv[2 * i], qv[2 * i + 1], sn, cs);
+                }
+            }
+            m3_store8<Q>(k + item * d.d_state + j0, kv);
+            m3_store8<Q>(q + item * d.d_state + j0, qv);
+        }
+        for (unsigned o = tpr / 2; o > 0; o >>= 1) {
+            dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        }
+        if (item < total && sub == 0) {
+            qk_raw[item] = dot;
+        }
+    }
 }
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_qk_fwd_vec_f32(const float* __restrict__ proj, const float* __restrict__ rstd_b,
+                      const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
+                      const float* __restrict__ c_norm, const float* __restrict__ b_bias,
+                      const float* __restrict__ c_bias, const float* __restrict__ phi, float* __restrict__ q,
+                      float* __restrict__ k, float* __restrict__ qk_raw, M3Dims d) {
+    qk_fwd_vec<float>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
+}
+
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_qk_fwd_vec_bf16qk(const float* __restrict__ proj, const float* __restrict__ rstd_b,
+                         const float* __restrict__ rstd_c, const float* __restrict__ b_norm,
+                         const float* __restrict__ c_norm, const float* __restrict__ b_bias,
+                         const float* __restrict__ c_bias, const float* __restrict__ phi,
+                         __nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k,
+                         float* __restrict__ qk_raw, M3Dims d) {
+    qk_fwd_vec<__nv_bfloat16>(proj, rstd_b, rstd_c, b_norm, c_norm, b_bias, c_bias, phi, q, k, qk_raw, d);
+}
+
 // One warp per (row, head): o = y' * silu(z), y' = y, or with the output norm
 // y' = RMSNorm_P(y) w (its reciprocal RMS kept in gate_rstd). `has_norm` = 0
 // ignores `norm_w` and `gate_rstd`. TO is the storage of o, the out_proj

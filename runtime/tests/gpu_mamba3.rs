@@ -242,7 +242,13 @@ fn oracle_configs(
         ("untied head", with(&|c| c.tie_embeddings = false), 2, 16),
         ("B3", base.clone(), 3, 20),
         ("T130", base.clone(), 2, 130),
-        ("T1", base.clone(), 2, 1),
+        // One token a sequence. With 2 sequences the bf16 norm weights'
+        // gradients are sums of two bf16-rounded terms; when they cancel
+        // the tensor's relative error passed the bound (5.5e-2 and 9.8e-2,
+        // seen twice on the H200 over two sessions' runs: bf16 noise with
+        // nothing to average); 8 sequences keep the edge case (no state
+        // carried) with a sum to average over.
+        ("T1", base.clone(), 8, 1),
         (
             "chunk 8, T37",
             with(&|c| {
@@ -276,9 +282,8 @@ fn f32_loss_logits_and_gradients_match_the_f64_oracle() {
         ..base
     };
     configs.push(("softplus A", softplus, 2, 16));
-    // N 64 takes the pair-tiled q/k forward and rotation backward (the
-    // others run their warp forms); two groups, and 140 rows: a partial
-    // last tile.
+    // N 64 takes the tiled rotation backward (N 32 and below its warp
+    // form); two groups, and 140 rows: a partial last tile.
     let tiled = Mamba3Config {
         d_model: 64,
         d_state: 64,

@@ -44,10 +44,10 @@ pub enum Kernel {
     M3QkFwdF32,
     /// `m3_qk_fwd_bf16qk`.
     M3QkFwdBf16qk,
-    /// `m3_qk_fwd_tiled_f32`.
-    M3QkFwdTiledF32,
-    /// `m3_qk_fwd_tiled_bf16qk`.
-    M3QkFwdTiledBf16qk,
+    /// `m3_qk_fwd_vec_f32`.
+    M3QkFwdVecF32,
+    /// `m3_qk_fwd_vec_bf16qk`.
+    M3QkFwdVecBf16qk,
     /// `m3_gate_fwd_f32`.
     M3GateFwdF32,
     /// `m3_rmsnorm_fwd_bf16`.
@@ -74,6 +74,8 @@ pub enum Kernel {
     M3cStatePass,
     /// `m3c_scan_out`.
     M3cScanOut,
+    /// `m3c_scan_out_gated`.
+    M3cScanOutGated,
     /// `m3c_scan_bwd`.
     M3cScanBwd,
     // kernels/mamba3_bwd.cu
@@ -140,8 +142,8 @@ impl Kernel {
         Kernel::M3AngleFwdF32,
         Kernel::M3QkFwdF32,
         Kernel::M3QkFwdBf16qk,
-        Kernel::M3QkFwdTiledF32,
-        Kernel::M3QkFwdTiledBf16qk,
+        Kernel::M3QkFwdVecF32,
+        Kernel::M3QkFwdVecBf16qk,
         Kernel::M3GateFwdF32,
         Kernel::M3RmsnormFwdBf16,
         Kernel::M3GateFwdBf16,
@@ -154,6 +156,7 @@ impl Kernel {
         Kernel::M3cChunkState,
         Kernel::M3cStatePass,
         Kernel::M3cScanOut,
+        Kernel::M3cScanOutGated,
         Kernel::M3cScanBwd,
         Kernel::M3CeBwdF32,
         Kernel::M3RmsnormBwdF32,
@@ -195,8 +198,8 @@ impl Kernel {
             Kernel::M3AngleFwdF32 => "m3_angle_fwd_f32",
             Kernel::M3QkFwdF32 => "m3_qk_fwd_f32",
             Kernel::M3QkFwdBf16qk => "m3_qk_fwd_bf16qk",
-            Kernel::M3QkFwdTiledF32 => "m3_qk_fwd_tiled_f32",
-            Kernel::M3QkFwdTiledBf16qk => "m3_qk_fwd_tiled_bf16qk",
+            Kernel::M3QkFwdVecF32 => "m3_qk_fwd_vec_f32",
+            Kernel::M3QkFwdVecBf16qk => "m3_qk_fwd_vec_bf16qk",
             Kernel::M3GateFwdF32 => "m3_gate_fwd_f32",
             Kernel::M3RmsnormFwdBf16 => "m3_rmsnorm_fwd_bf16",
             Kernel::M3GateFwdBf16 => "m3_gate_fwd_bf16",
@@ -209,6 +212,7 @@ impl Kernel {
             Kernel::M3cChunkState => "m3c_chunk_state",
             Kernel::M3cStatePass => "m3c_state_pass",
             Kernel::M3cScanOut => "m3c_scan_out",
+            Kernel::M3cScanOutGated => "m3c_scan_out_gated",
             Kernel::M3cScanBwd => "m3c_scan_bwd",
             Kernel::M3CeBwdF32 => "m3_ce_bwd_f32",
             Kernel::M3RmsnormBwdF32 => "m3_rmsnorm_bwd_f32",

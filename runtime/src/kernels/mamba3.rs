@@ -276,12 +276,11 @@ pub fn qk_fwd<Q: Compute>(
     need(gpu, "qk: q", q, sh.per_row(sh.nheads * sh.d_state)?)?;
     need(gpu, "qk: k", k, sh.per_row(sh.nheads * sh.d_state)?)?;
     need(gpu, "qk: qk_raw", qk_raw, sh.per_row(sh.nheads)?)?;
-    let tile = rows_per_pair_tile(sh.d_state, QK_TILE_ROWS);
-    let name = if tile.is_some() {
-        Q::QK_FWD_TILED
-    } else {
-        Q::QK_FWD
-    };
+    // The vectorised kernel: N / 8 lanes per (row, head), a power of two
+    // that fits a warp.
+    let lanes = sh.d_state / 8;
+    let vec = sh.d_state.is_multiple_of(8) && lanes.is_power_of_two() && lanes <= 32;
+    let name = if vec { Q::QK_FWD_VEC } else { Q::QK_FWD };
     let f = gpu.function(name)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(src.proj.slice()?).arg(rb.slice()?).arg(rc.slice()?);
@@ -294,36 +293,30 @@ pub fn qk_fwd<Q: Compute>(
         .arg(k.slice_mut()?)
         .arg(qk_raw.slice_mut()?)
         .arg(&d);
-    let Some(tile) = tile else {
-        // SAFETY: one warp per (row, head) reads proj's B/C columns, the
-        // norm weights [N], biases [H x N], phi [rows x H x S] and writes
-        // q/k [rows x H x N] and qk_raw [rows x H]; all lengths checked.
-        unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_qk_fwd")?;
-        return Ok(());
+    let items = sh.rows * sh.nheads;
+    let warps = if vec {
+        items.div_ceil(32 / lanes)
+    } else {
+        items
     };
-    // SAFETY: block (tile, g) reads and writes the rows [tile * tile_rows,
-    // +tile_rows) below `rows` of the buffers above (the group's heads of
-    // q/k/phi/qk_raw, its B/C columns of proj), all lengths checked; a
-    // thread per pair of the N / 2 (pair_tile_grid checked that it is a
-    // whole number of warps dividing the block).
-    unsafe { b.launch(pair_tile_grid(sh, tile)?) }.during("launch m3_qk_fwd_tiled")?;
+    // SAFETY: each (row, head) item (a warp, or N / 8 lanes of one in the
+    // vectorised kernel) reads proj's B/C columns, the norm weights [N],
+    // biases [H x N], phi [rows x H x S] and writes q/k [rows x H x N] and
+    // qk_raw [rows x H]; all lengths checked. The vectorised kernel's
+    // 16-byte accesses start at multiples of 8 elements (N is one) of
+    // allocations aligned to 256 bytes.
+    unsafe { b.launch(warp_blocks(warps)?) }.during("launch m3_qk_fwd")?;
     Ok(())
 }
 
-/// Rows a thread of `m3_qk_fwd_tiled_*` owns (`M3_QKT_ROWS` in
-/// mamba3_fwd.cu).
-const QK_TILE_ROWS: usize = 4;
-
-/// Rows of one tile of the kernels that run a thread per interleaved pair
-/// of N and `rows_per_thread` rows a thread (the tiled q/k forward and
-/// rotation backward), when the shape takes that form: `d_state / 2` must
-/// be a whole number of warps that divides the block.
-pub(crate) fn rows_per_pair_tile(d_state: usize, rows_per_thread: usize) -> Option<usize> {
+/// Whether a kernel that runs a thread per interleaved pair of N, the
+/// block split into whole slots of N / 2 threads (the tiled rotation
+/// backward), takes `d_state`: N / 2 a whole number of warps that divides
+/// the block.
+pub(crate) fn pair_slots_fit(d_state: usize) -> bool {
     let np = d_state / 2;
     let block = BLOCK as usize;
-    let fits =
-        d_state.is_multiple_of(2) && np > 0 && np.is_multiple_of(32) && block.is_multiple_of(np);
-    fits.then(|| (block / np) * rows_per_thread)
+    d_state.is_multiple_of(2) && np > 0 && np.is_multiple_of(32) && block.is_multiple_of(np)
 }
 
 /// The launch of a pair-tiled kernel: one block per (tile of `tile` rows,

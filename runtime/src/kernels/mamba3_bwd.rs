@@ -10,7 +10,7 @@ use super::Kernel;
 use super::launch::{self, BLOCK};
 use super::mamba3::{
     BcParams, Mamba3Shape, ScanScalars, angle_blocks, check_scan_inputs, need, pair_tile_grid,
-    row_blocks, rows_per_pair_tile, scan_bwd_smem, scan_launch, thread_blocks, warp_blocks,
+    pair_slots_fit, row_blocks, scan_bwd_smem, scan_launch, thread_blocks, warp_blocks,
 };
 use super::precision::Compute;
 use crate::device::error::During as _;
@@ -253,9 +253,9 @@ pub fn scan_bwd<Q: Compute>(
 /// mamba3_bwd.cu); the tiled form takes 64, 128, 256 and 512.
 pub const ROT_BCNORM_MAX_STATE: usize = 256;
 
-/// Rows a thread of the tiled rotation/B-C-norm backward owns;
+/// Rows of a tile of the tiled rotation/B-C-norm backward;
 /// `M3_RBT_ROWS` in mamba3_bwd.cu.
-const RBT_ROWS: usize = 4;
+const RBT_ROWS: usize = 8;
 
 /// Per-head gradients of the rotated queries and keys (from the scan),
 /// overwritten by [`rot_bcnorm_bwd`].
@@ -297,7 +297,7 @@ pub fn rot_bcnorm_bwd(
     bias: [&mut DeviceBuffer<f32>; 2],
     partials: &mut DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
-    let tile = rows_per_pair_tile(sh.d_state, RBT_ROWS);
+    let tile = pair_slots_fit(sh.d_state).then_some(RBT_ROWS);
     if tile.is_none() && sh.d_state > ROT_BCNORM_MAX_STATE {
         return Err(GpuError::ShapeLimit {
             what: "rotation/B-C norm backward: d_state",
@@ -371,10 +371,11 @@ pub fn rot_bcnorm_bwd(
     // SAFETY: block (tile, g) reads and writes only the rows
     // [tile * tile_rows, +tile_rows) below `rows` of every per-row buffer
     // (the group's heads of dq/dk/dphi, its B/C columns of proj and dproj,
-    // its [G x N] slice of contrib), all lengths checked above; it writes
-    // the tile's bias sums over the tile's first row of dq/dk after a block
-    // barrier that follows every read of them; a thread per pair of the
-    // N / 2 (a whole number of warps dividing the block, rows_per_pair_tile).
+    // its [G x N] slice of contrib), all lengths checked above; the thread
+    // that owns a (head, pair) of the tile writes its bias sums over the
+    // tile's first row of dq/dk after its own reads of them (no other
+    // thread reads those elements); a thread per pair of the N / 2 (a whole
+    // number of warps dividing the block, pair_slots_fit).
     unsafe { b.launch(cfg) }.during("launch m3_rot_bcnorm_bwd_tiled_f32")?;
     // The tile sums sit every `tile` rows of dk/dq.
     let ld = tile * hn_cols;

@@ -37,8 +37,8 @@ pub trait Compute: Element + sealed::Sealed {
     const TENSOR_CORE_SCAN: bool;
     /// `m3_qk_fwd_*`: rotated q/k stored in this type.
     const QK_FWD: Kernel;
-    /// `m3_qk_fwd_tiled_*`: the tiled form of [`Compute::QK_FWD`].
-    const QK_FWD_TILED: Kernel;
+    /// `m3_qk_fwd_vec_*`: the vectorised form of [`Compute::QK_FWD`].
+    const QK_FWD_VEC: Kernel;
     /// The scalar scan's forward kernel reading q/k in this type.
     const SCAN_FWD: Kernel;
     /// The scalar scan's backward kernel reading q/k in this type.
@@ -47,6 +47,9 @@ pub trait Compute: Element + sealed::Sealed {
     /// `buf` as a bf16 buffer when this type is bf16 (the chunk scan reads
     /// its q/k in bf16 only), else `None`.
     fn as_bf16(buf: &DeviceBuffer<Self>) -> Option<&DeviceBuffer<bf16>>;
+
+    /// [`Compute::as_bf16`] for writing.
+    fn as_bf16_mut(buf: &mut DeviceBuffer<Self>) -> Option<&mut DeviceBuffer<bf16>>;
 
     /// The one of two pairs of buffers that holds this type (work buffers
     /// kept in both types, used by one step each).
@@ -96,11 +99,15 @@ impl Compute for f32 {
     // The f32 step is held to the f64 oracle at 1e-4; bf16 products are not.
     const TENSOR_CORE_SCAN: bool = false;
     const QK_FWD: Kernel = Kernel::M3QkFwdF32;
-    const QK_FWD_TILED: Kernel = Kernel::M3QkFwdTiledF32;
+    const QK_FWD_VEC: Kernel = Kernel::M3QkFwdVecF32;
     const SCAN_FWD: Kernel = Kernel::M3ScanFwdF32;
     const SCAN_BWD: Kernel = Kernel::M3ScanBwdF32;
 
     fn as_bf16(_buf: &DeviceBuffer<f32>) -> Option<&DeviceBuffer<bf16>> {
+        None
+    }
+
+    fn as_bf16_mut(_buf: &mut DeviceBuffer<f32>) -> Option<&mut DeviceBuffer<bf16>> {
         None
     }
 
@@ -154,11 +161,15 @@ impl Compute for bf16 {
     const GATE_FWD: Kernel = Kernel::M3GateFwdBf16;
     const TENSOR_CORE_SCAN: bool = true;
     const QK_FWD: Kernel = Kernel::M3QkFwdBf16qk;
-    const QK_FWD_TILED: Kernel = Kernel::M3QkFwdTiledBf16qk;
+    const QK_FWD_VEC: Kernel = Kernel::M3QkFwdVecBf16qk;
     const SCAN_FWD: Kernel = Kernel::M3ScanFwdBf16qk;
     const SCAN_BWD: Kernel = Kernel::M3ScanBwdBf16qk;
 
     fn as_bf16(buf: &DeviceBuffer<bf16>) -> Option<&DeviceBuffer<bf16>> {
+        Some(buf)
+    }
+
+    fn as_bf16_mut(buf: &mut DeviceBuffer<bf16>) -> Option<&mut DeviceBuffer<bf16>> {
         Some(buf)
     }
 
