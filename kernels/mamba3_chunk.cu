@@ -549,16 +549,12 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
 
 // Every chunk's outputs, given the state entering it:
 //   y_t = e^{cs_t} S_c q_t + sum_{s<t} e^{cs_t - cs_s} (q_t . k~_s) v_s + dg_t v_t
-// with the diagonal dg_t v_t added in f32 after the products. GATE also
-// writes the out_proj operand o = y silu(z) in bf16 (the gate without an
-// output norm; m3_gate_fwd_bf16's values), so no gate pass rereads y.
-template <bool GATE>
-__device__ __forceinline__ void scan_out(const m3c_bf* __restrict__ q, const m3c_bf* __restrict__ kin,
-                                         const float* __restrict__ proj, const float* __restrict__ dt,
-                                         const float* __restrict__ adt, const float* __restrict__ lam,
-                                         const float* __restrict__ qk_raw, const float* __restrict__ dskip,
-                                         const float* __restrict__ states, float* __restrict__ y,
-                                         m3c_bf* __restrict__ o, M3Dims d) {
+// with the diagonal dg_t v_t added in f32 after the products.
+extern "C" __global__ void __launch_bounds__(M3C_THREADS, 3)
+    m3c_scan_out(const m3c_bf* __restrict__ q, const m3c_bf* __restrict__ kin, const float* __restrict__ proj,
+                 const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+                 const float* __restrict__ qk_raw, const float* __restrict__ dskip,
+                 const float* __restrict__ states, float* __restrict__ y, M3Dims d) {
     extern __shared__ __align__(16) unsigned char m3c_sm[];
     const unsigned P = d.headdim, N = d.d_state, C = d.chunk;
     const unsigned PS = P + M3C_PAD, NS = N + M3C_PAD, CS = C + M3C_PAD;
@@ -623,8 +619,6 @@ __device__ __forceinline__ void scan_out(const m3c_bf* __restrict__ q, const m3c
     const unsigned tp = (P + M3C_JOB_COLS - 1) / M3C_JOB_COLS;
     const float* vf = proj + row0 * d.width + d.off_x + h * P;
     float* yo = y + row0 * d.d_inner + h * P;
-    const float* zf = proj + row0 * d.width + d.off_z + h * P;
-    m3c_bf* oo = GATE ? o + row0 * d.d_inner + h * P : nullptr;
     for (unsigned job = warp; job < tc * tp; job += M3C_WARPS) {
         const unsigned m0 = (job / tp) * 16, n0 = (job % tp) * M3C_JOB_COLS;
         const unsigned ncols = min(M3C_JOB_COLS, P - n0);
@@ -642,35 +636,12 @@ __device__ __forceinline__ void scan_out(const m3c_bf* __restrict__ q, const m3c
                 for (int r = 0; r < 4; ++r) {
                     const unsigned t = m3c_row(m0, r), p = m3c_col(n0, j, r);
                     if (t < L) {
-                        const float yv = fmaf(dg[t], v.v[j][r], acc.v[j][r]);
-                        yo[t * (unsigned long long)d.d_inner + p] = yv;
-                        if (GATE) {
-                            const float z = zf[t * (unsigned long long)d.width + p];
-                            oo[t * (unsigned long long)d.d_inner + p] = __float2bfloat16_rn(yv * m3_silu(z));
-                        }
+                        yo[t * (unsigned long long)d.d_inner + p] = fmaf(dg[t], v.v[j][r], acc.v[j][r]);
                     }
                 }
             }
         }
     }
-}
-
-extern "C" __global__ void __launch_bounds__(M3C_THREADS, 3)
-    m3c_scan_out(const m3c_bf* __restrict__ q, const m3c_bf* __restrict__ kin, const float* __restrict__ proj,
-                 const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
-                 const float* __restrict__ qk_raw, const float* __restrict__ dskip,
-                 const float* __restrict__ states, float* __restrict__ y, M3Dims d) {
-    scan_out<false>(q, kin, proj, dt, adt, lam, qk_raw, dskip, states, y, nullptr, d);
-}
-
-extern "C" __global__ void __launch_bounds__(M3C_THREADS, 3)
-    m3c_scan_out_gated(const m3c_bf* __restrict__ q, const m3c_bf* __restrict__ kin,
-                       const float* __restrict__ proj, const float* __restrict__ dt,
-                       const float* __restrict__ adt, const float* __restrict__ lam,
-                       const float* __restrict__ qk_raw, const float* __restrict__ dskip,
-                       const float* __restrict__ states, float* __restrict__ y, m3c_bf* __restrict__ o,
-                       M3Dims d) {
-    scan_out<true>(q, kin, proj, dt, adt, lam, qk_raw, dskip, states, y, o, d);
 }
 
 // Every chunk's input gradients, given the state entering it (`states`) and

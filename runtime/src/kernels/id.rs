@@ -74,8 +74,6 @@ pub enum Kernel {
     M3cStatePass,
     /// `m3c_scan_out`.
     M3cScanOut,
-    /// `m3c_scan_out_gated`.
-    M3cScanOutGated,
     /// `m3c_scan_bwd`.
     M3cScanBwd,
     // kernels/mamba3_bwd.cu
@@ -156,7 +154,6 @@ impl Kernel {
         Kernel::M3cChunkState,
         Kernel::M3cStatePass,
         Kernel::M3cScanOut,
-        Kernel::M3cScanOutGated,
         Kernel::M3cScanBwd,
         Kernel::M3CeBwdF32,
         Kernel::M3RmsnormBwdF32,
@@ -212,7 +209,6 @@ impl Kernel {
             Kernel::M3cChunkState => "m3c_chunk_state",
             Kernel::M3cStatePass => "m3c_state_pass",
             Kernel::M3cScanOut => "m3c_scan_out",
-            Kernel::M3cScanOutGated => "m3c_scan_out_gated",
             Kernel::M3cScanBwd => "m3c_scan_bwd",
             Kernel::M3CeBwdF32 => "m3_ce_bwd_f32",
             Kernel::M3RmsnormBwdF32 => "m3_rmsnorm_bwd_f32",

@@ -125,7 +125,6 @@ pub fn prepare(gpu: &Gpu) -> Result<(), GpuError> {
     for name in [
         Kernel::M3cChunkState,
         Kernel::M3cScanOut,
-        Kernel::M3cScanOutGated,
         Kernel::M3cScanBwd,
     ] {
         gpu.function(name)?
@@ -239,14 +238,10 @@ pub fn scan_fwd(
     scalars: ScanScalars<'_>,
     dskip: &DeviceBuffer<f32>,
     y: &mut DeviceBuffer<f32>,
-    gated: Option<&mut DeviceBuffer<bf16>>,
     states: &mut DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
     check_scan_inputs(gpu, sh, [q, k], proj, scalars, dskip)?;
     need(gpu, "chunk scan: y", y, sh.per_row(sh.d_inner)?)?;
-    if let Some(o) = gated.as_deref() {
-        need(gpu, "chunk scan: gated output", o, sh.per_row(sh.d_inner)?)?;
-    }
     need(gpu, "chunk scan: states", states, state_elems(sh))?;
     states_and_walk(
         gpu,
@@ -261,12 +256,7 @@ pub fn scan_fwd(
     let d = sh.dims()?;
     let [dt, adt, lam, qk_raw] = scalars;
     let cfg = per_chunk(gpu, sh, out_smem(sh))?;
-    let name = if gated.is_some() {
-        Kernel::M3cScanOutGated
-    } else {
-        Kernel::M3cScanOut
-    };
-    let f = gpu.function(name)?;
+    let f = gpu.function(Kernel::M3cScanOut)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
     b.arg(dt.slice()?)
@@ -274,15 +264,10 @@ pub fn scan_fwd(
         .arg(lam.slice()?)
         .arg(qk_raw.slice()?)
         .arg(dskip.slice()?);
-    b.arg(states.slice()?).arg(y.slice_mut()?);
-    if let Some(o) = gated {
-        b.arg(o.slice_mut()?);
-    }
-    b.arg(&d);
-    // SAFETY: block (c, b*H + h) reads its chunk's rows of q/k/proj/scalars
-    // (z too, gated), D[h] and its state slice, and writes its rows of the
-    // head-h columns of y (and of o, gated: the kernel with the extra
-    // argument); all lengths checked above; shared memory is `out_smem`.
+    b.arg(states.slice()?).arg(y.slice_mut()?).arg(&d);
+    // SAFETY: block (c, b*H + h) reads its chunk's rows of q/k/proj/scalars,
+    // D[h] and its state slice, and writes its rows of y's head-h columns;
+    // all lengths checked above; shared memory is `out_smem`.
     unsafe { b.launch(cfg) }.during("launch m3c_scan_out")?;
     Ok(())
 }

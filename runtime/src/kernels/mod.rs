@@ -131,7 +131,6 @@ pub const MODULES: &[Module] = &[
             "m3c_chunk_state",
             "m3c_state_pass",
             "m3c_scan_out",
-            "m3c_scan_out_gated",
             "m3c_scan_bwd",
         ],
     },

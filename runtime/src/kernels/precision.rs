@@ -48,9 +48,6 @@ pub trait Compute: Element + sealed::Sealed {
     /// its q/k in bf16 only), else `None`.
     fn as_bf16(buf: &DeviceBuffer<Self>) -> Option<&DeviceBuffer<bf16>>;
 
-    /// [`Compute::as_bf16`] for writing.
-    fn as_bf16_mut(buf: &mut DeviceBuffer<Self>) -> Option<&mut DeviceBuffer<bf16>>;
-
     /// The one of two pairs of buffers that holds this type (work buffers
     /// kept in both types, used by one step each).
     fn pick<'a>(
@@ -104,10 +101,6 @@ impl Compute for f32 {
     const SCAN_BWD: Kernel = Kernel::M3ScanBwdF32;
 
     fn as_bf16(_buf: &DeviceBuffer<f32>) -> Option<&DeviceBuffer<bf16>> {
-        None
-    }
-
-    fn as_bf16_mut(_buf: &mut DeviceBuffer<f32>) -> Option<&mut DeviceBuffer<bf16>> {
         None
     }
 
@@ -166,10 +159,6 @@ impl Compute for bf16 {
     const SCAN_BWD: Kernel = Kernel::M3ScanBwdBf16qk;
 
     fn as_bf16(buf: &DeviceBuffer<bf16>) -> Option<&DeviceBuffer<bf16>> {
-        Some(buf)
-    }
-
-    fn as_bf16_mut(buf: &mut DeviceBuffer<bf16>) -> Option<&mut DeviceBuffer<bf16>> {
         Some(buf)
     }
 

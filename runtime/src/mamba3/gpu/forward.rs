@@ -199,57 +199,40 @@ fn mixer_forward<T: Compute>(
     probe.enter(gpu, S, "scan fwd")?;
     let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
     let (q, k_rot) = (&*q, &*k_rot);
-    // Without an output norm the chunk scan also writes the gate's output
-    // (o = y silu(z)), so no gate pass rereads y.
-    let gated = match (T::as_bf16(q), T::as_bf16(k_rot)) {
-        (Some(q16), Some(k16)) if kc::supported(sh) => {
-            let o = if lw.out_norm.is_none() {
-                T::as_bf16_mut(&mut la.o)
-            } else {
-                None
-            };
-            let gated = o.is_some();
-            kc::scan_fwd(
-                gpu,
-                sh,
-                q16,
-                k16,
-                &la.proj,
-                scalars,
-                &lw.d,
-                &mut la.y,
-                o,
-                &mut la.states,
-            )?;
-            gated
-        }
-        _ => {
-            k::scan_fwd(
-                gpu,
-                sh,
-                q,
-                k_rot,
-                &la.proj,
-                scalars,
-                &lw.d,
-                &mut la.y,
-                &mut la.states,
-            )?;
-            false
-        }
-    };
-    if !gated {
-        probe.enter(gpu, E, "gate fwd")?;
-        k::gate_fwd(
+    match (T::as_bf16(q), T::as_bf16(k_rot)) {
+        (Some(q16), Some(k16)) if kc::supported(sh) => kc::scan_fwd(
             gpu,
             sh,
-            &la.y,
+            q16,
+            k16,
             &la.proj,
-            lw.out_norm.as_ref(),
-            &mut la.o,
-            &mut la.gate_rstd,
-        )?;
+            scalars,
+            &lw.d,
+            &mut la.y,
+            &mut la.states,
+        )?,
+        _ => k::scan_fwd(
+            gpu,
+            sh,
+            q,
+            k_rot,
+            &la.proj,
+            scalars,
+            &lw.d,
+            &mut la.y,
+            &mut la.states,
+        )?,
     }
+    probe.enter(gpu, E, "gate fwd")?;
+    k::gate_fwd(
+        gpu,
+        sh,
+        &la.y,
+        &la.proj,
+        lw.out_norm.as_ref(),
+        &mut la.o,
+        &mut la.gate_rstd,
+    )?;
     // Residual: h_next = h_in, then h_next += o W_out^T (beta = 1).
     probe.enter(gpu, E, "residual copy")?;
     gpu.copy_device(&la.h_in, h_next)?;
