@@ -77,8 +77,10 @@ __device__ void gate_bwd(const T* __restrict__ y, const T* __restrict__ proj, co
             float acc = 0.0f;
             for (unsigned j = lane; j < d.headdim; j += 32) {
                 float yv = (float)y[yb + j], z = (float)proj[zb + j], go = (float)d_o[yb + j];
-                float dyn = go * m3_silu(z);
-                dproj[zb + j] = (T)(go * yv * r * wn[j] * m3_silu_grad(z));
+                float sz, gz;
+                m3_silu_both(z, sz, gz);
+                float dyn = go * sz;
+                dproj[zb + j] = (T)(go * yv * r * wn[j] * gz);
                 contrib[yb + j] = dyn * yv * r;
                 acc = fmaf(dyn * wn[j], yv, acc);
             }
@@ -90,8 +92,10 @@ __device__ void gate_bwd(const T* __restrict__ y, const T* __restrict__ proj, co
         } else {
             for (unsigned j = lane; j < d.headdim; j += 32) {
                 float yv = (float)y[yb + j], z = (float)proj[zb + j], go = (float)d_o[yb + j];
-                dproj[zb + j] = (T)(go * yv * m3_silu_grad(z));
-                dy[yb + j] = (T)(go * m3_silu(z));
+                float sz, gz;
+                m3_silu_both(z, sz, gz);
+                dproj[zb + j] = (T)(go * yv * gz);
+                dy[yb + j] = (T)(go * sz);
             }
         }
     }

@@ -101,6 +101,14 @@ __device__ __forceinline__ float m3_silu_grad(float x) {
     return s * (1.0f + x * (1.0f - s));
 }
 
+// silu(x) and its derivative from one sigmoid: the same bits as m3_silu and
+// m3_silu_grad, for kernels that need both (the gate backward).
+__device__ __forceinline__ void m3_silu_both(float x, float& silu, float& grad) {
+    const float s = m3_sigmoid(x);
+    silu = x * s;
+    grad = s * (1.0f + x * (1.0f - s));
+}
+
 // Shapes of one mixer, passed by value to every per-token kernel. The in_proj
 // output row is [z, x, B, C, dd_dt, dd_A, trap, angles] at the given offsets.
 struct M3Dims {
