@@ -9,8 +9,8 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg as _};
 use super::Kernel;
 use super::launch::{self, BLOCK};
 use super::mamba3::{
-    BcParams, Mamba3Shape, ScanScalars, angle_blocks, check_scan_inputs, need, pair_tile_grid,
-    pair_slots_fit, row_blocks, scan_bwd_smem, scan_launch, thread_blocks, warp_blocks,
+    BcParams, Mamba3Shape, ScanScalars, angle_blocks, check_scan_inputs, need, pair_slots_fit,
+    pair_tile_grid, row_blocks, scan_bwd_smem, scan_launch, thread_blocks, warp_blocks,
 };
 use super::precision::Compute;
 use crate::device::error::During as _;
