@@ -40,7 +40,7 @@ __device__ void rmsnorm_bwd(const T* __restrict__ x, const float* __restrict__ w
             acc = fmaf(g * w[j], xv, acc);
             contrib[base + j] = g * xv * r;
         }
-        const float c = r * r * r * m3_block_sum(acc, s) / (float)width;
+        const float c = r * r * r * sg_block_sum(acc, s) / (float)width;
         for (unsigned j = threadIdx.x; j < width; j += SG_BLOCK) {
             float v = r * w[j] * (float)dy[base + j] - c * (float)x[base + j];
             dx[base + j] = (T)(accumulate ? (float)dx[base + j] + v : v);
@@ -84,7 +84,7 @@ __device__ void gate_bwd(const T* __restrict__ y, const T* __restrict__ proj, co
                 contrib[yb + j] = dyn * yv * r;
                 acc = fmaf(dyn * wn[j], yv, acc);
             }
-            const float c = r * r * r * m3_warp_sum(acc) / (float)d.headdim;
+            const float c = r * r * r * sg_warp_sum(acc) / (float)d.headdim;
             for (unsigned j = lane; j < d.headdim; j += 32) {
                 float yv = (float)y[yb + j], z = (float)proj[zb + j], go = (float)d_o[yb + j];
                 dy[yb + j] = (T)(r * wn[j] * go * m3_silu(z) - c * yv);
@@ -217,8 +217,8 @@ __device__ void rot_bcnorm_bwd(const T* __restrict__ proj, const float* __restri
                 }
             }
         }
-        const float cb = rb * rb * rb * m3_warp_sum(accb) / (float)d.d_state;
-        const float cc = rc * rc * rc * m3_warp_sum(accc) / (float)d.d_state;
+        const float cb = rb * rb * rb * sg_warp_sum(accb) / (float)d.d_state;
+        const float cc = rc * rc * rc * sg_warp_sum(accc) / (float)d.d_state;
 #pragma unroll
         for (int k = 0; k < M3_RB_MAX_PAIRS; ++k) {
             const unsigned i = lane + 32 * k;
@@ -377,8 +377,8 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
             ab = fmaf(t.y * bn1, xbr.y, t.x * bn0 * xbr.x);
             ac = fmaf(t.w * cn1, xcr.y, t.z * cn0 * xcr.x);
         }
-        ab = m3_warp_sum(ab);
-        ac = m3_warp_sum(ac);
+        ab = sg_warp_sum(ab);
+        ac = sg_warp_sum(ac);
         if (lane == 0) {
             rowdot[warp][kk] = make_float2(ab, ac);
         }
@@ -517,7 +517,7 @@ __device__ void dtheta_bwd(const T* __restrict__ proj, const float* __restrict__
             acc = fmaf(rphi[(row * d.nheads + h) * d.angles + s], dt[row * d.nheads + h], acc);
         }
         float th = tanhf((float)proj[row * d.width + d.off_ang + s]);
-        dproj[row * d.width + d.off_ang + s] = (T)(acc * M3_PI * (1.0f - th * th));
+        dproj[row * d.width + d.off_ang + s] = (T)(acc * SG_PI_F * (1.0f - th * th));
     }
 }
 

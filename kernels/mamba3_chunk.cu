@@ -721,7 +721,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS, 2)
                 acc = fmaf(dyf[t * (unsigned long long)d.d_inner + p], vf[t * (unsigned long long)d.width + p], acc);
             }
         }
-        acc = m3_warp_sum(acc);
+        acc = sg_warp_sum(acc);
         if (lane == 0) {
             dyv[t] = acc;
         }
@@ -835,7 +835,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS, 2)
             }
         }
     }
-    part = m3_warp_sum(part);
+    part = sg_warp_sum(part);
     if (lane == 0) {
         red[warp] = part;
     }
@@ -908,14 +908,14 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS, 2)
     }
     __syncthreads();
     if (warp == 0) {
-        const float gsum = m3_warp_sum(lane < M3C_WARPS ? red[lane] : 0.0f);
+        const float gsum = sg_warp_sum(lane < M3C_WARPS ? red[lane] : 0.0f);
         float sum_vg = 0.0f, dd = 0.0f;
         for (unsigned t = lane; t < L; t += 32) {
             sum_vg += pb[t];
             dd += dyv[t];
         }
-        sum_vg = m3_warp_sum(sum_vg);
-        dd = m3_warp_sum(dd);
+        sum_vg = sg_warp_sum(sum_vg);
+        dd = sg_warp_sum(dd);
         // The last position also drives e^{cs_last} in front of S_c and of
         // every e^{cs_last - cs_s}.
         if (lane == 0) {

@@ -13,57 +13,9 @@
 #include <cuda_bf16.h>
 #include "common.cuh"
 
-#define M3_PI 3.14159265358979323846f
-#define M3_TWO_PI 6.28318530717958647692f
 // torch's softplus returns its input above this threshold.
 #define M3_SOFTPLUS_THRESHOLD 20.0f
 
-
-__device__ __forceinline__ float m3_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    }
-    return v;
-}
-
-__device__ __forceinline__ float m3_warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) {
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    }
-    return v;
-}
-
-// Sum over a block of exactly SG_BLOCK threads; every thread must call it and
-// every thread gets the result. `s` holds SG_BLOCK floats.
-__device__ __forceinline__ float m3_block_sum(float v, float* s) {
-    __syncthreads();
-    s[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned stride = SG_BLOCK / 2; stride > 0; stride >>= 1) {
-        if (threadIdx.x < stride) {
-            s[threadIdx.x] += s[threadIdx.x + stride];
-        }
-        __syncthreads();
-    }
-    float r = s[0];
-    __syncthreads();
-    return r;
-}
-
-__device__ __forceinline__ float m3_block_max(float v, float* s) {
-    __syncthreads();
-    s[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned stride = SG_BLOCK / 2; stride > 0; stride >>= 1) {
-        if (threadIdx.x < stride) {
-            s[threadIdx.x] = fmaxf(s[threadIdx.x], s[threadIdx.x + stride]);
-        }
-        __syncthreads();
-    }
-    float r = s[0];
-    __syncthreads();
-    return r;
-}
 
 __device__ __forceinline__ float m3_sigmoid(float x) {
     if (x >= 0.0f) {

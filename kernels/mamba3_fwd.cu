@@ -45,7 +45,7 @@ __device__ void rmsnorm_fwd(const T* __restrict__ x, const float* __restrict__ w
             float v = (float)xr[j];
             acc = fmaf(v, v, acc);
         }
-        float ss = m3_block_sum(acc, s);
+        float ss = sg_block_sum(acc, s);
         float r = 1.0f / sqrtf(ss / (float)width + eps);
         TY* yr = y + (unsigned long long)row * width;
         for (unsigned j = threadIdx.x; j < width; j += SG_BLOCK) {
@@ -89,15 +89,15 @@ __device__ void prep(const T* __restrict__ proj, const float* __restrict__ dt_bi
                 sb = fmaf(bv, bv, sb);
                 sc = fmaf(cv, cv, sc);
             }
-            sb = m3_warp_sum(sb);
-            sc = m3_warp_sum(sc);
+            sb = sg_warp_sum(sb);
+            sc = sg_warp_sum(sc);
             if (lane == 0) {
                 rstd_b[(unsigned long long)row * d.ngroups + g] = 1.0f / sqrtf(sb / (float)d.d_state + d.eps);
                 rstd_c[(unsigned long long)row * d.ngroups + g] = 1.0f / sqrtf(sc / (float)d.d_state + d.eps);
             }
         }
         for (unsigned s = threadIdx.x; s < d.angles; s += SG_BLOCK) {
-            theta[(unsigned long long)row * d.angles + s] = M3_PI * tanhf((float)pr[d.off_ang + s]);
+            theta[(unsigned long long)row * d.angles + s] = SG_PI_F * tanhf((float)pr[d.off_ang + s]);
         }
         for (unsigned h = threadIdx.x; h < d.nheads; h += SG_BLOCK) {
             unsigned long long rh = (unsigned long long)row * d.nheads + h;
@@ -204,7 +204,7 @@ __device__ void qk_fwd(const T* __restrict__ proj, const float* __restrict__ rst
             m3_store_pair(k + w * d.d_state + j0, kb0, kb1);
             m3_store_pair(q + w * d.d_state + j0, qb0, qb1);
         }
-        dot = m3_warp_sum(dot);
+        dot = sg_warp_sum(dot);
         if (lane == 0) {
             qk_raw[w] = dot;
         }
@@ -364,7 +364,7 @@ __device__ void gate_fwd(const T* __restrict__ y, const T* __restrict__ proj, co
                 float v = (float)yr[j];
                 acc = fmaf(v, v, acc);
             }
-            acc = m3_warp_sum(acc);
+            acc = sg_warp_sum(acc);
             r = 1.0f / sqrtf(acc / (float)d.headdim + d.eps);
             if (lane == 0) {
                 gate_rstd[w] = r;
@@ -403,12 +403,12 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
         for (unsigned j = threadIdx.x; j < vocab; j += SG_BLOCK) {
             m = fmaxf(m, lr[j]);
         }
-        m = m3_block_max(m, s);
+        m = sg_block_max(m, s);
         float acc = 0.0f;
         for (unsigned j = threadIdx.x; j < vocab; j += SG_BLOCK) {
             acc += expf(lr[j] - m);
         }
-        float z = m3_block_sum(acc, s);
+        float z = sg_block_sum(acc, s);
         if (threadIdx.x == 0) {
             float l = m + logf(z);
             unsigned b = row / len, t = row % len;
@@ -427,7 +427,7 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     for (unsigned i = threadIdx.x; i < n; i += SG_BLOCK) {
         acc += x[i];
     }
-    float total = m3_block_sum(acc, s);
+    float total = sg_block_sum(acc, s);
     if (threadIdx.x == 0) {
         out[0] = total / (float)(n > 0 ? n : 1);
     }

@@ -28,7 +28,7 @@
 // holds M3_SCAN_THREADS / 32 floats.
 __device__ __forceinline__ float m3_scan_block_sum(float v, float* s) {
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = m3_warp_sum(v);
+    v = sg_warp_sum(v);
     __syncthreads();
     if (lane == 0) {
         s[warp] = v;
@@ -36,7 +36,7 @@ __device__ __forceinline__ float m3_scan_block_sum(float v, float* s) {
     __syncthreads();
     if (warp == 0) {
         float w = lane < M3_SCAN_THREADS / 32 ? s[lane] : 0.0f;
-        w = m3_warp_sum(w);
+        w = sg_warp_sum(w);
         if (lane == 0) {
             s[0] = w;
         }

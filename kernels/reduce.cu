@@ -3,19 +3,6 @@
 // bits on every run, eager or replayed from a graph.
 #include "common.cuh"
 
-// Shared-memory tree over one block; every thread must call it.
-__device__ __forceinline__ float sg_block_sum(float v, float* s) {
-    s[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned stride = SG_BLOCK / 2; stride > 0; stride >>= 1) {
-        if (threadIdx.x < stride) {
-            s[threadIdx.x] += s[threadIdx.x + stride];
-        }
-        __syncthreads();
-    }
-    return s[0];
-}
-
 // Pass 1: block b writes the sum of squares of its grid-stride share of x to
 // partials[b]. The grid size is chosen by the wrapper from n alone.
 extern "C" __global__ void __launch_bounds__(SG_BLOCK)

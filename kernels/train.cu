@@ -21,8 +21,6 @@
 // fixed shared-memory tree, partials folded in index order), with no atomics.
 #include "common.cuh"
 
-#define TR_PI 3.14159265358979323846
-
 // One block: loss[0] = sum_i w[i] * row_loss[i] over rows with w[i] != 0, in
 // double and a fixed order (unweighted rows are skipped, not multiplied by
 // zero, so a non-finite loss there does not leak in), and
@@ -96,7 +94,7 @@ __device__ double tr_lr(double peak, double min_lr, unsigned long long warmup, u
     span = span > 0 ? span : 1;
     double progress = (double)(step - warmup) / (double)span;
     progress = progress < 1.0 ? progress : 1.0;
-    const double cosine = 0.5 * (1.0 + cos(TR_PI * progress));
+    const double cosine = 0.5 * (1.0 + cos(SG_PI * progress));
     return min_lr + (peak - min_lr) * cosine;
 }
 
