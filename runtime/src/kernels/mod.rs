@@ -22,7 +22,9 @@
 //!
 //! 1. Write it in `kernels/<family>.cu` as `extern "C" __global__`, element
 //!    count last as `unsigned n`, looping with `SG_FOR_EACH` from
-//!    `common.cuh` (a grid-stride loop with a 64-bit index).
+//!    `common.cuh` (a grid-stride loop with a 64-bit index), which also holds
+//!    the helpers every family shares (warp and block sums, pi); the Mamba-3
+//!    files' own helpers are in `mamba3_common.cuh`.
 //! 2. List its name in that file's entry of [`MODULES`] (add an entry, with
 //!    `include_str!`, for a new file; a new shared header goes in [`HEADERS`]),
 //!    and add its [`Kernel`] variant (a unit test holds the two to the same
