@@ -6,15 +6,26 @@
 //! `--include-ignored` on the GPU machine.
 
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use stepgraph::Precision;
 use stepgraph::bench::cold::cold_start;
 use stepgraph::bench::{BenchConfig, BenchOptions, ConfigOutcome, run_on, runner_for};
 use stepgraph::device::Gpu;
 
+/// The two tests run one at a time: the bench reads the step's memory as
+/// the change of the device-wide free memory (`cuMemGetInfo`), and the
+/// cold-start test's child processes allocating and freeing beside it made
+/// that reading 0 now and then (the H200 runs saw it twice).
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn quick_s_bench_gives_sane_numbers_in_both_precisions() {
+    let _one = one_at_a_time();
     let gpu = Gpu::new(0).expect("GPU");
     for precision in [Precision::F32, Precision::Bf16] {
         let opts = BenchOptions {
@@ -55,6 +66,7 @@ fn quick_s_bench_gives_sane_numbers_in_both_precisions() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cold_start_compiles_then_reads_the_cache() {
+    let _one = one_at_a_time();
     // On the GPU machine the binaries are staged, not built: gpu-stage puts
     // the CLI in .gpu/bin beside the tests.
     let built = Path::new(env!("CARGO_BIN_EXE_stepgraph"));

@@ -245,7 +245,9 @@ pub struct OpTime {
     pub ms: f64,
 }
 
-/// Device memory of one configuration, from `cuMemGetInfo`.
+/// Device memory of one configuration, from `cuMemGetInfo`: device-wide
+/// readings, so another process allocating on the same GPU meanwhile
+/// disturbs them.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Memory {
     /// Bytes the full step's buffers took (used after building minus before).
