@@ -112,14 +112,14 @@ fn idents_after<'a>(code: &'a str, prefix: &str) -> Vec<&'a str> {
     out
 }
 
+/// A file or directory name as a module name: `blas.rs` -> `blas`.
+fn module_name(name: &std::ffi::OsStr) -> String {
+    name.to_string_lossy().trim_end_matches(".rs").to_owned()
+}
+
 /// `device/blas.rs` -> `device`; `lib.rs` -> `lib`.
 fn top_module(rel: &Path) -> String {
-    let first = rel.components().next().expect("a path");
-    first
-        .as_os_str()
-        .to_string_lossy()
-        .trim_end_matches(".rs")
-        .to_owned()
+    module_name(rel.components().next().expect("a path").as_os_str())
 }
 
 fn rel_str(rel: &Path) -> String {
@@ -131,12 +131,7 @@ fn the_layer_table_names_every_top_level_module() {
     let mut missing = Vec::new();
     for entry in fs::read_dir(src()).expect("src") {
         let p = entry.expect("entry").path();
-        let name = p
-            .file_name()
-            .expect("name")
-            .to_string_lossy()
-            .trim_end_matches(".rs")
-            .to_owned();
+        let name = module_name(p.file_name().expect("name"));
         if name == "lib" || name == "bin" {
             continue;
         }
@@ -208,12 +203,7 @@ fn sibling_edges(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut nodes: BTreeMap<String, Vec<(PathBuf, bool)>> = BTreeMap::new();
     for entry in fs::read_dir(dir).expect("dir") {
         let p = entry.expect("entry").path();
-        let name = p
-            .file_name()
-            .expect("name")
-            .to_string_lossy()
-            .trim_end_matches(".rs")
-            .to_owned();
+        let name = module_name(p.file_name().expect("name"));
         if p.is_dir() {
             let mut files = Vec::new();
             rust_files(&p, &mut files);

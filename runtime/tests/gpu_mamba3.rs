@@ -319,8 +319,8 @@ fn bf16_loss_and_gradients_match_the_f64_oracle() {
         ..base.clone()
     };
     let mut configs = oracle_configs(&base, wide);
-    // The pair-tiled q/k and rotation kernels with two groups and a partial
-    // last tile (130 rows, tiles of 32).
+    // The tiled rotation backward (N 64) with two groups and a partial last
+    // tile (130 rows, tiles of 8).
     let tiled = Mamba3Config {
         d_model: 128,
         d_state: 64,
