@@ -254,8 +254,9 @@ pub fn scan_bwd<Q: Compute>(
 pub const ROT_BCNORM_MAX_STATE: usize = 256;
 
 /// Rows of a tile of the tiled rotation/B-C-norm backward;
-/// `M3_RBT_ROWS` in mamba3_bwd.cu.
-const RBT_ROWS: usize = 8;
+/// `M3_RBT_ROWS` in mamba3_bwd.cu (a unit test holds the two equal: the bias
+/// sums are read every `RBT_ROWS` rows).
+pub(crate) const RBT_ROWS: usize = 8;
 
 /// Per-head gradients of the rotated queries and keys (from the scan),
 /// overwritten by [`rot_bcnorm_bwd`].

@@ -237,5 +237,17 @@ mod tests {
             )),
             "M3_ANGLE_THREADS != mamba3::ANGLE_THREADS"
         );
+        let bwd = MODULES
+            .iter()
+            .find(|m| m.source.file == "mamba3_bwd.cu")
+            .map(|m| m.source.src)
+            .unwrap_or_default();
+        assert!(
+            bwd.contains(&format!(
+                "#define M3_RBT_ROWS {}",
+                super::mamba3_bwd::RBT_ROWS
+            )),
+            "M3_RBT_ROWS != mamba3_bwd::RBT_ROWS"
+        );
     }
 }
