@@ -498,15 +498,18 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS, 4)
 }
 
 // The serial walk over chunks, four state elements a thread (16-byte
-// loads and stores). On entry buf[bh, c] holds chunk c's own contribution;
-// on exit
+// loads of the f32 contributions, 8-byte bf16 stores). own[bh, c] holds
+// chunk c's own contribution (m3c_chunk_state, f32); the walk accumulates
+// in f32 and writes out[bh, c] in bf16, the precision every consumer
+// stages it in:
 //   dir 0: the state entering chunk c    (S_0 = 0, S_{c+1} = e^{cs_last} S_c + own_c)
 //   dir 1: dL/d(state leaving chunk c)   (G_last = 0, G_{c-1} = e^{cs_last} G_c + own_c)
 // Chunk totals come from m3c_warp_cumsum, as in the chunk kernels; every
 // block recomputes them for its (b, h), so fewer, wider threads also mean
 // fewer copies of that prologue. Dynamic shared memory: nchunks floats.
 extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
-    m3c_state_pass(const float* __restrict__ adt, float* __restrict__ buf, M3Dims d, unsigned dir) {
+    m3c_state_pass(const float* __restrict__ adt, const float* __restrict__ own, m3c_bf* __restrict__ out, M3Dims d,
+                   unsigned dir) {
     extern __shared__ float decay[];
     const unsigned bh = blockIdx.y, b = bh / d.nheads, h = bh % d.nheads, C = d.chunk;
     const unsigned warp = threadIdx.x / 32, nw = blockDim.x / 32;
@@ -523,25 +526,27 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
     if (i >= pn4) {
         return;
     }
-    float4* base = reinterpret_cast<float4*>(buf) + (unsigned long long)bh * d.nchunks * pn4 + i;
+    const unsigned long long first = (unsigned long long)bh * d.nchunks * pn4 + i;
+    const float4* src = reinterpret_cast<const float4*>(own) + first;
+    uint2* dst = reinterpret_cast<uint2*>(out) + first;
     // Chunks in batches whose loads are all issued before the walk uses them.
     const unsigned nc = d.nchunks;
     float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (unsigned k0 = 0; k0 < nc; k0 += 8) {
-        float4 own[8];
+        float4 o[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const unsigned k = k0 + j, c = dir == 0 ? k : nc - 1 - k;
-            own[j] = k < nc ? base[c * pn4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            o[j] = k < nc ? src[c * pn4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const unsigned k = k0 + j, c = dir == 0 ? k : nc - 1 - k;
             if (k < nc) {
-                base[c * pn4] = s;
+                dst[c * pn4] = make_uint2(m3c_pack(s.x, s.y), m3c_pack(s.z, s.w));
                 const float e = decay[c];
-                s = make_float4(fmaf(e, s.x, own[j].x), fmaf(e, s.y, own[j].y), fmaf(e, s.z, own[j].z),
-                                fmaf(e, s.w, own[j].w));
+                s = make_float4(fmaf(e, s.x, o[j].x), fmaf(e, s.y, o[j].y), fmaf(e, s.z, o[j].z),
+                                fmaf(e, s.w, o[j].w));
             }
         }
     }
@@ -554,7 +559,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS, 3)
     m3c_scan_out(const m3c_bf* __restrict__ q, const m3c_bf* __restrict__ kin, const float* __restrict__ proj,
                  const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                  const float* __restrict__ qk_raw, const float* __restrict__ dskip,
-                 const float* __restrict__ states, float* __restrict__ y, M3Dims d) {
+                 const m3c_bf* __restrict__ states, float* __restrict__ y, M3Dims d) {
     extern __shared__ __align__(16) unsigned char m3c_sm[];
     const unsigned P = d.headdim, N = d.d_state, C = d.chunk;
     const unsigned PS = P + M3C_PAD, NS = N + M3C_PAD, CS = C + M3C_PAD;
@@ -592,7 +597,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS, 3)
     m3c_stage_bf16(q, row0, hn, (unsigned long long)h * N, N, L, C, nullptr, Q);
     m3c_stage_bf16(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
     m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
-    m3c_stage(states + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N, 0, N, 0, N, P, P, nullptr, S);
+    m3c_stage_bf16(states + ((unsigned long long)k.bh * d.nchunks + k.c) * P * N, 0, N, 0, N, P, P, nullptr, S);
     __syncthreads();
     // Scores W_ts = e^{cs_t - cs_s} q_t . k~_s for s < t < L, else 0; tiles
     // above the diagonal are never read.
@@ -652,7 +657,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS, 2)
     m3c_scan_bwd(const m3c_bf* __restrict__ q, const m3c_bf* __restrict__ kin, const float* __restrict__ proj,
                  const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                  const float* __restrict__ qk_raw, const float* __restrict__ dskip,
-                 const float* __restrict__ states, const float* __restrict__ gstates, const float* __restrict__ dy,
+                 const m3c_bf* __restrict__ states, const m3c_bf* __restrict__ gstates, const float* __restrict__ dy,
                  float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dproj,
                  float* __restrict__ dadt, float* __restrict__ dscale, float* __restrict__ dqkdot,
                  float* __restrict__ dskip_part, M3Dims d) {
@@ -712,7 +717,7 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS, 2)
     m3c_stage_bf16(kin, row0, hn, (unsigned long long)h * N, N, L, C, sc, K);
     m3c_stage(proj, row0, d.width, (unsigned long long)d.off_x + h * P, P, L, C, nullptr, V);
     m3c_stage(dy, row0, d.d_inner, (unsigned long long)h * P, P, L, C, nullptr, DY);
-    m3c_stage(states + st_off, 0, N, 0, N, P, P, nullptr, X);
+    m3c_stage_bf16(states + st_off, 0, N, 0, N, P, P, nullptr, X);
     // dy_t . v_t in f32, a warp per row.
     for (unsigned t = warp; t < C; t += M3C_WARPS) {
         float acc = 0.0f;
@@ -804,33 +809,34 @@ extern "C" __global__ void __launch_bounds__(M3C_THREADS, 2)
         m3c_store_f32(acc, dq + row0 * hn + h * N, hn, m0, n0, ncols, L);
     }
     __syncthreads();
-    // G replaces S_c in X; the sum of G . S_c (f32, from global memory)
-    // drives e^{cs_last} in front of S_c.
+    // G replaces S_c in X (bit for bit); the sum of G . S_c (both as the
+    // walk stored them, in bf16, summed in f32) drives e^{cs_last} in front
+    // of S_c.
     float part = 0.0f;
     {
-        const float4* gs = reinterpret_cast<const float4*>(gstates + st_off);
-        const float4* ss = reinterpret_cast<const float4*>(states + st_off);
-        const unsigned n4 = P * N / 4, q4 = N / 4;
-        for (unsigned i0 = threadIdx.x; i0 < n4; i0 += 4 * blockDim.x) {
-            float4 g[4], s[4];
+        const uint4* gs = reinterpret_cast<const uint4*>(gstates + st_off);
+        const uint4* ss = reinterpret_cast<const uint4*>(states + st_off);
+        const unsigned n8 = P * N / 8, q8 = N / 8;
+        for (unsigned i0 = threadIdx.x; i0 < n8; i0 += 2 * blockDim.x) {
+            uint4 g[2], s[2];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < 2; ++j) {
                 const unsigned i = i0 + j * blockDim.x;
-                g[j] = i < n4 ? gs[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                s[j] = i < n4 ? ss[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                g[j] = i < n8 ? gs[i] : make_uint4(0u, 0u, 0u, 0u);
+                s[j] = i < n8 ? ss[i] : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < 2; ++j) {
                 const unsigned i = i0 + j * blockDim.x;
-                if (i < n4) {
-                    part = fmaf(g[j].x, s[j].x, part);
-                    part = fmaf(g[j].y, s[j].y, part);
-                    part = fmaf(g[j].z, s[j].z, part);
-                    part = fmaf(g[j].w, s[j].w, part);
-                    uint2 p;
-                    p.x = m3c_pack(g[j].x, g[j].y);
-                    p.y = m3c_pack(g[j].z, g[j].w);
-                    *reinterpret_cast<uint2*>(X + (i / q4) * NS + (i % q4) * 4) = p;
+                if (i < n8) {
+                    const unsigned gw[4] = {g[j].x, g[j].y, g[j].z, g[j].w};
+                    const unsigned sw[4] = {s[j].x, s[j].y, s[j].z, s[j].w};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        part = fmaf(__uint_as_float(gw[e] << 16), __uint_as_float(sw[e] << 16), part);
+                        part = fmaf(__uint_as_float(gw[e] & 0xffff0000u), __uint_as_float(sw[e] & 0xffff0000u), part);
+                    }
+                    *reinterpret_cast<uint4*>(X + (i / q8) * NS + (i % q8) * 8) = g[j];
                 }
             }
         }

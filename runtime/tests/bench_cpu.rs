@@ -124,10 +124,12 @@ fn memory_estimate_puts_l_on_an_h200() {
         estimate_bytes(&l.model(256), l.batch, l.seq_len, 2),
     );
     println!("L: f32 {} GiB, bf16 {} GiB", gib(l_f32), gib(l_bf16));
-    // Recomputing q and k in the backward pass (they were 48 GiB of L's
-    // ~155) is what puts L under the H200's 139 GiB.
+    // The f32 step recomputes q and k in the backward pass (kept in f32
+    // they were 48 GiB of L's ~155); the mixed step keeps them in bf16
+    // (24 GiB at L) and its chunk states in bf16, and still leaves the
+    // H200's 139 GiB some room.
+    assert!(gib(l_f32) < 130, "{l_f32}");
     assert!(gib(l_bf16) < 130, "{l_bf16}");
-    assert!(l_bf16 < l_f32);
 }
 
 #[test]

@@ -55,7 +55,11 @@ fn compare(a: &[f32], b: &[f32]) -> (f64, f64) {
 
 struct Outs {
     y: DeviceBuffer<f32>,
+    /// The scalar scan's states (f32).
     states: DeviceBuffer<f32>,
+    /// The chunk scan's states (bf16) and its f32 working memory.
+    states16: DeviceBuffer<bf16>,
+    own: DeviceBuffer<f32>,
     dq: DeviceBuffer<f32>,
     dk: DeviceBuffer<f32>,
     dproj: DeviceBuffer<f32>,
@@ -63,7 +67,7 @@ struct Outs {
     dscale: DeviceBuffer<f32>,
     dqkdot: DeviceBuffer<f32>,
     dskip_part: DeviceBuffer<f32>,
-    gstates: DeviceBuffer<f32>,
+    gstates: DeviceBuffer<bf16>,
     /// The step's q/k rounded to bf16: the chunk scan reads them so (the
     /// mixed step stores them in bf16), the scalar reference reads f32.
     qk16: (DeviceBuffer<bf16>, DeviceBuffer<bf16>),
@@ -81,6 +85,8 @@ fn outs(gpu: &Gpu, sh: &Mamba3Shape, s: &F32Step) -> Outs {
     Outs {
         y: z(sh.rows * sh.d_inner),
         states: z(kc::state_elems(sh)),
+        states16: gpu.alloc_zeros::<bf16>(kc::state_elems(sh)).expect("alloc"),
+        own: z(kc::state_elems(sh)),
         dq: z(hn),
         dk: z(hn),
         dproj: z(sh.rows * sh.width),
@@ -88,7 +94,7 @@ fn outs(gpu: &Gpu, sh: &Mamba3Shape, s: &F32Step) -> Outs {
         dscale: z(rh),
         dqkdot: z(rh),
         dskip_part: z(kc::dskip_part_elems(sh)),
-        gstates: z(kc::state_elems(sh)),
+        gstates: gpu.alloc_zeros::<bf16>(kc::state_elems(sh)).expect("alloc"),
         qk16: (bf(&s.acts.q), bf(&s.acts.k)),
     }
 }
@@ -109,7 +115,8 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
             scalars,
             &lw.d,
             &mut o.y,
-            &mut o.states,
+            &mut o.own,
+            &mut o.states16,
         )
         .expect("chunk scan forward");
     } else {
@@ -145,7 +152,8 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
             &la.proj,
             scalars,
             &lw.d,
-            &o.states,
+            &o.states16,
+            &mut o.own,
             &mut o.gstates,
             dy,
             grads,
@@ -161,6 +169,11 @@ fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bo
 
 fn host(gpu: &Gpu, b: &DeviceBuffer<f32>) -> Vec<f32> {
     gpu.to_host(b).expect("download")
+}
+
+fn host16(gpu: &Gpu, b: &DeviceBuffer<bf16>) -> Vec<f32> {
+    let v = gpu.to_host(b).expect("download");
+    v.iter().map(|x| x.to_f32()).collect()
 }
 
 /// dL/dD per head from the partials (`rows` partial rows of H).
@@ -213,7 +226,7 @@ fn chunk_scan_matches_the_scalar_scan() {
             ("y", host(&gpu, &a.y), host(&gpu, &b.y)),
             (
                 "states",
-                host(&gpu, &a.states)[..states].to_vec(),
+                host16(&gpu, &a.states16)[..states].to_vec(),
                 host(&gpu, &b.states)[..states].to_vec(),
             ),
         ];

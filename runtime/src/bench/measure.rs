@@ -71,15 +71,25 @@ pub fn estimate_bytes(cfg: &Mamba3Config, batch: usize, seq_len: usize, operand_
     let (h, n, g, s) = (w(sh.nheads), w(sh.d_state), w(sh.ngroups), w(sh.angles));
     let hn = h * n;
     let ob = operand_bytes;
-    // Rotated q and k are not kept per layer (see `Acts::q`).
-    let per_layer_row = 4 * (dm + 1 + e + 2 * g + s + 3 * h + h * s + h + di + h) + ob * (dm + di);
-    let states = 4 * w(sh.batch) * h * w(sh.nchunks) * w(sh.headdim) * n;
+    // The mixed step keeps each layer's rotated q and k and runs the chunk
+    // scan where the shape allows (bf16 states, an f32 working buffer
+    // shared by the layers); the f32 step shares one q/k pair (see
+    // `acts::keeps_qk`, `acts::chunk_scan`).
+    let mixed = ob < 4;
+    let chunk = mixed && crate::kernels::mamba3_chunk::supported(&sh);
+    let state_elems = w(crate::kernels::mamba3_chunk::state_elems(&sh));
+    let (kept_qk, shared_qk) = if mixed { (2 * hn, 0) } else { (0, 2 * hn) };
+    let per_layer_row =
+        4 * (dm + 1 + e + 2 * g + s + 3 * h + h * s + h + di + h) + ob * (dm + di + kept_qk);
+    let states = if chunk { 2 } else { 4 } * state_elems;
     let layers = w(cfg.n_layer) * (rows * per_layer_row + states);
-    let globals = rows * (4 * (dm + 1 + v + 2 + 2 * hn) + ob * dm);
+    let chunk_own = if chunk { 4 * state_elems } else { 0 };
+    let globals = rows * (4 * (dm + 1 + v + 2) + ob * (dm + shared_qk)) + chunk_own;
     let widest = dm.max(di).max(g * n);
-    // The chunk scan's backward state gradients, when the shape can use it.
+    // The chunk scan's backward working memory (f32 contributions, bf16
+    // state gradients), allocated whenever the shape could use it.
     let gstates = if crate::kernels::mamba3_chunk::supported(&sh) {
-        4 * w(crate::kernels::mamba3_chunk::state_elems(&sh))
+        6 * state_elems
     } else {
         0
     };

@@ -99,8 +99,9 @@ pub fn supported(sh: &Mamba3Shape) -> bool {
         && sh.batch * sh.nheads <= MAX_GRID_Y
 }
 
-/// Elements of the `gstates` buffer the backward pass needs (the same
-/// layout as the forward `states`, `[B, H, nchunks, P, N]`).
+/// Elements of the per-chunk state buffers: the forward `states`, the
+/// backward `gstates` and the f32 working memory `own` of both passes
+/// (`[B, H, nchunks, P, N]`).
 pub fn state_elems(sh: &Mamba3Shape) -> usize {
     sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state
 }
@@ -179,17 +180,23 @@ fn pass_cfg(sh: &Mamba3Shape) -> Result<LaunchConfig, GpuError> {
     })
 }
 
-/// Chunk contributions to a state recurrence, written into `out`
-/// `[B, H, nchunks, P, N]`, then walked into the per-chunk states (`dir` 0)
-/// or state gradients (`dir` 1). `x` is `proj` (x columns at `x_off`,
-/// forward) or `dy` (backward); `y` is `k` or `q`.
+/// Chunk contributions to a state recurrence, written into `own` (f32
+/// working memory), then walked in f32 into `out` (bf16, the precision the
+/// chunk kernels stage it in; both `[B, H, nchunks, P, N]`): the per-chunk
+/// states (`dir` 0) or state gradients (`dir` 1). `x` is `proj` (x columns
+/// at `x_off`, forward) or `dy` (backward); `y` is `k` or `q`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per buffer the two kernels read or write"
+)]
 fn states_and_walk(
     gpu: &Gpu,
     sh: &Mamba3Shape,
     x: (&DeviceBuffer<f32>, usize, usize),
     y: &DeviceBuffer<bf16>,
     scalars: ScanScalars<'_>,
-    out: &mut DeviceBuffer<f32>,
+    own: &mut DeviceBuffer<f32>,
+    out: &mut DeviceBuffer<bf16>,
     dir: u32,
 ) -> Result<(), GpuError> {
     let d = sh.dims()?;
@@ -204,27 +211,31 @@ fn states_and_walk(
     let mut b = gpu.stream().launch_builder(f);
     b.arg(xb.slice()?).arg(&stride).arg(&off).arg(y.slice()?);
     b.arg(dt.slice()?).arg(adt.slice()?).arg(lam.slice()?);
-    b.arg(out.slice_mut()?).arg(&d).arg(&dir);
+    b.arg(own.slice_mut()?).arg(&d).arg(&dir);
     // SAFETY: block (c, b*H + h) reads rows [b T + c C, + C) of x (stride
     // and offset checked by the callers against x's length), of y
     // [rows, H, N] and of the [rows, H] scalars, and writes its own P x N
-    // slice of `out` (length checked); shared memory is `state_smem`.
+    // slice of `own` (length checked); shared memory is `state_smem`.
     unsafe { b.launch(cfg) }.during("launch m3c_chunk_state")?;
 
     let f = gpu.function(Kernel::M3cStatePass)?;
     let mut b = gpu.stream().launch_builder(f);
-    b.arg(adt.slice()?).arg(out.slice_mut()?).arg(&d).arg(&dir);
-    // SAFETY: thread i of block (x, b*H + h) owns elements 4 (x*256 + i) ..
-    // + 4 < P*N of every chunk slice of (b, h) in `out` (length checked;
-    // P*N is a multiple of 4 and the slices start 16-byte aligned); adt is
-    // [rows, H] (checked); shared memory holds nchunks floats.
+    b.arg(adt.slice()?).arg(own.slice()?).arg(out.slice_mut()?);
+    b.arg(&d).arg(&dir);
+    // SAFETY: thread i of block (x, b*H + h) reads elements 4 (x*256 + i)
+    // .. + 4 < P*N of every chunk slice of (b, h) in `own` and writes the
+    // same elements of `out` (both checked to hold `state_elems`; P*N is a
+    // multiple of 4, so the f32 slices start 16-byte and the bf16 slices
+    // 8-byte aligned); adt is [rows, H] (checked); shared memory holds
+    // nchunks floats.
     unsafe { b.launch(pass_cfg(sh)?) }.during("launch m3c_state_pass")?;
     Ok(())
 }
 
 /// The chunk-parallel scan forward: `y` `[rows, d_inner]` and the state
-/// entering every chunk, `states` `[B, H, nchunks, P, N]` (the same outputs
-/// as [`super::mamba3::scan_fwd`]).
+/// entering every chunk, `states` `[B, H, nchunks, P, N]` in bf16 (the
+/// outputs of [`super::mamba3::scan_fwd`], the states rounded as the
+/// products read them); `own` (f32, as long as `states`) is working memory.
 #[expect(
     clippy::too_many_arguments,
     reason = "one argument per buffer the kernel reads or writes"
@@ -238,10 +249,12 @@ pub fn scan_fwd(
     scalars: ScanScalars<'_>,
     dskip: &DeviceBuffer<f32>,
     y: &mut DeviceBuffer<f32>,
-    states: &mut DeviceBuffer<f32>,
+    own: &mut DeviceBuffer<f32>,
+    states: &mut DeviceBuffer<bf16>,
 ) -> Result<(), GpuError> {
     check_scan_inputs(gpu, sh, [q, k], proj, scalars, dskip)?;
     need(gpu, "chunk scan: y", y, sh.per_row(sh.d_inner)?)?;
+    need(gpu, "chunk scan: own contributions", own, state_elems(sh))?;
     need(gpu, "chunk scan: states", states, state_elems(sh))?;
     states_and_walk(
         gpu,
@@ -249,6 +262,7 @@ pub fn scan_fwd(
         (proj, sh.width, sh.layout.x),
         k,
         scalars,
+        own,
         states,
         0,
     )?;
@@ -275,7 +289,8 @@ pub fn scan_fwd(
 /// The chunk-parallel scan backward. Same outputs as
 /// [`super::mamba3_bwd::scan_bwd`] except `dskip_part`, which holds one
 /// partial per (batch row, chunk, head) (see [`dskip_part_elems`]);
-/// `gstates` (`[B, H, nchunks, P, N]`) is working memory.
+/// `states` are [`scan_fwd`]'s (bf16); `own` (f32) and `gstates` (bf16),
+/// both `[B, H, nchunks, P, N]`, are working memory.
 #[expect(
     clippy::too_many_arguments,
     reason = "one argument per buffer the kernel reads or writes"
@@ -288,17 +303,24 @@ pub fn scan_bwd(
     proj: &DeviceBuffer<f32>,
     scalars: ScanScalars<'_>,
     dskip: &DeviceBuffer<f32>,
-    states: &DeviceBuffer<f32>,
-    gstates: &mut DeviceBuffer<f32>,
+    states: &DeviceBuffer<bf16>,
+    own: &mut DeviceBuffer<f32>,
+    gstates: &mut DeviceBuffer<bf16>,
     dy: &DeviceBuffer<f32>,
     out: ScanGrads<'_>,
 ) -> Result<(), GpuError> {
     check_scan_inputs(gpu, sh, [q, k], proj, scalars, dskip)?;
     need(gpu, "chunk scan bwd: states", states, state_elems(sh))?;
+    need(
+        gpu,
+        "chunk scan bwd: own contributions",
+        own,
+        state_elems(sh),
+    )?;
     need(gpu, "chunk scan bwd: gstates", gstates, state_elems(sh))?;
     need(gpu, "chunk scan bwd: dy", dy, sh.per_row(sh.d_inner)?)?;
     out.check(gpu, sh, dskip_part_elems(sh))?;
-    states_and_walk(gpu, sh, (dy, sh.d_inner, 0), q, scalars, gstates, 1)?;
+    states_and_walk(gpu, sh, (dy, sh.d_inner, 0), q, scalars, own, gstates, 1)?;
 
     let d = sh.dims()?;
     let [dt, adt, lam, qk_raw] = scalars;

@@ -6,6 +6,10 @@
 //! `[rows, H]`; queries/keys `[rows, H, N]`; angles `[rows, H, S]`; scan
 //! chunk-entry states `[B, H, nchunks, P, N]`.
 //!
+//! Buffers only one scan path uses (the f32 states of the scalar scan, the
+//! bf16 states of the chunk scan, per-layer or shared q/k) are allocated
+//! with one element on the other path, so the struct stays one type.
+//!
 //! The three activations that feed a GEMM (`u`, `o`, `normed`) are stored in
 //! the step's compute type: the buffer type parameter `B` is
 //! `DeviceBuffer<f32>` for the f32 step ([`Acts`]) and `DeviceBuffer<bf16>`
@@ -78,8 +82,17 @@ pub struct LayerActs<B = DeviceBuffer<f32>> {
     pub phi: DeviceBuffer<f32>,
     /// Unrotated `Ĉ · B̂` `[rows, H]`.
     pub qk_raw: DeviceBuffer<f32>,
-    /// Scan state entering each chunk `[B, H, nchunks, P, N]`.
+    /// Rotated queries `[rows, H, N]`, kept for the backward pass by the
+    /// mixed step (see [`keeps_qk`]); one element otherwise.
+    pub q: B,
+    /// Rotated keys `[rows, H, N]`, kept like `q`.
+    pub k: B,
+    /// Scalar scan: state entering each chunk `[B, H, nchunks, P, N]`
+    /// (one element on the chunk scan's path).
     pub states: DeviceBuffer<f32>,
+    /// Chunk scan: the same states in bf16, the precision its products
+    /// read them in (one element on the scalar scan's path).
+    pub states16: DeviceBuffer<bf16>,
     /// Scan output before the gate `[rows, d_inner]`.
     pub y: DeviceBuffer<f32>,
     /// Per-head reciprocal RMS of y `[rows, H]` (written with `is_outproj_norm`).
@@ -88,9 +101,30 @@ pub struct LayerActs<B = DeviceBuffer<f32>> {
     pub o: B,
 }
 
+/// Whether the step computing in `T` runs the chunk-parallel scan at shape
+/// `sh` (bf16 q/k and a shape [`kc::supported`] takes).
+pub fn chunk_scan<T: Compute>(sh: &Mamba3Shape) -> bool {
+    T::TENSOR_CORE_SCAN && kc::supported(sh)
+}
+
+/// Whether the step computing in `T` keeps every layer's rotated q/k from
+/// the forward pass instead of rebuilding them in the backward pass: the
+/// mixed step does (bf16 q/k cost 2 x rows x H x N x 2 bytes a layer and
+/// save one q/k kernel a layer); the f32 step, whose q/k would be twice
+/// that, rebuilds them.
+pub fn keeps_qk<T: Compute>() -> bool {
+    T::TENSOR_CORE_SCAN
+}
+
 impl<T: Compute> LayerActs<DeviceBuffer<T>> {
     fn new(gpu: &Gpu, sh: &Mamba3Shape) -> Result<Self, Mamba3GpuError> {
-        let states = sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state;
+        let states = kc::state_elems(sh);
+        let chunk = chunk_scan::<T>(sh);
+        let qk = if keeps_qk::<T>() {
+            sh.per_row(sh.nheads * sh.d_state)?
+        } else {
+            1
+        };
         Ok(Self {
             h_in: buf(gpu, sh.per_row(sh.d_model))?,
             rstd: buf(gpu, Ok(sh.rows))?,
@@ -104,7 +138,10 @@ impl<T: Compute> LayerActs<DeviceBuffer<T>> {
             lam: buf(gpu, sh.per_row(sh.nheads))?,
             phi: buf(gpu, sh.per_row(sh.nheads * sh.angles))?,
             qk_raw: buf(gpu, sh.per_row(sh.nheads))?,
-            states: buf(gpu, Ok(states))?,
+            q: buf_of(gpu, Ok(qk))?,
+            k: buf_of(gpu, Ok(qk))?,
+            states: buf(gpu, Ok(if chunk { 1 } else { states }))?,
+            states16: buf_of(gpu, Ok(if chunk { states } else { 1 }))?,
             y: buf(gpu, sh.per_row(sh.d_inner))?,
             gate_rstd: buf(gpu, sh.per_row(sh.nheads))?,
             o: buf_of(gpu, sh.per_row(sh.d_inner))?,
@@ -121,15 +158,19 @@ pub struct Acts<B = DeviceBuffer<f32>> {
     pub shape: Mamba3Shape,
     /// One entry per block.
     pub layers: Vec<LayerActs<B>>,
-    /// Rotated queries of the block being run `[rows, H, N]`, in the
-    /// compute type (bf16 in the mixed step: the scan's products round them
-    /// to bf16 anyway), shared by all blocks: the backward pass recomputes
-    /// each block's from `proj` and `phi` (one cheap kernel) instead of
-    /// keeping 2 x n_layer x rows x H x N values, the largest activation of
-    /// a wide model.
+    /// Rotated queries of the block being run `[rows, H, N]`, shared by
+    /// all blocks, for the f32 step: its backward pass recomputes each
+    /// block's from `proj` and `phi` (one cheap kernel) instead of keeping
+    /// 2 x n_layer x rows x H x N f32 values, the largest activation of a
+    /// wide model. One element when the layers keep their own
+    /// ([`keeps_qk`]).
     pub q: B,
     /// Rotated keys of the block being run `[rows, H, N]`, shared like `q`.
     pub k: B,
+    /// The chunk scan's f32 working memory: each chunk's own state
+    /// contribution before the walk `[B, H, nchunks, P, N]` (one element
+    /// on the scalar scan's path).
+    pub chunk_own: DeviceBuffer<f32>,
     /// Residual stream after the last block `[rows, d_model]`.
     pub h_final: DeviceBuffer<f32>,
     /// Reciprocal RMS of `norm_f` `[rows]`.
@@ -164,11 +205,22 @@ impl<T: Compute> Acts<DeviceBuffer<T>> {
         for _ in 0..cfg.n_layer {
             layers.push(LayerActs::new(gpu, &sh)?);
         }
+        let qk = if keeps_qk::<T>() {
+            1
+        } else {
+            sh.per_row(sh.nheads * sh.d_state)?
+        };
+        let own = if chunk_scan::<T>(&sh) {
+            kc::state_elems(&sh)
+        } else {
+            1
+        };
         Ok(Self {
             shape: sh,
             layers,
-            q: buf_of(gpu, sh.per_row(sh.nheads * sh.d_state))?,
-            k: buf_of(gpu, sh.per_row(sh.nheads * sh.d_state))?,
+            q: buf_of(gpu, Ok(qk))?,
+            k: buf_of(gpu, Ok(qk))?,
+            chunk_own: buf(gpu, Ok(own))?,
             h_final: buf(gpu, sh.per_row(sh.d_model))?,
             rstd_f: buf(gpu, Ok(sh.rows))?,
             normed: buf_of(gpu, sh.per_row(sh.d_model))?,
@@ -230,9 +282,14 @@ pub struct BackwardWork {
     /// dL/dD partials: per (batch row, head) `[B, H]` from the scalar scan,
     /// per (batch row, chunk, head) `[B, nchunks, H]` from the chunk scan.
     pub dskip_part: DeviceBuffer<f32>,
-    /// dL/d(state leaving each chunk), the chunk scan's backward working
-    /// memory `[B, H, nchunks, P, N]` (empty when the shape cannot use it).
-    pub gstates: DeviceBuffer<f32>,
+    /// The chunk scan's f32 working memory (each chunk's own dL/dS
+    /// contribution before the reverse walk) `[B, H, nchunks, P, N]` (one
+    /// element when the shape cannot use it).
+    pub chunk_own: DeviceBuffer<f32>,
+    /// dL/d(state leaving each chunk) in bf16, the chunk scan's backward
+    /// working memory `[B, H, nchunks, P, N]` (one element when the shape
+    /// cannot use it).
+    pub gstates: DeviceBuffer<bf16>,
     /// Per-row weight-gradient shares `[rows, max(d_model, d_inner, G N)]`.
     pub contrib: DeviceBuffer<f32>,
     /// Per-row C-norm weight shares `[rows, G N]`.
@@ -253,6 +310,11 @@ impl BackwardWork {
         let gn = sh.ngroups * sh.d_state;
         let widest = sh.d_model.max(sh.d_inner).max(gn);
         let hn = sh.nheads * sh.d_state;
+        let chunk_states = if kc::supported(&sh) {
+            kc::state_elems(&sh)
+        } else {
+            1
+        };
         // The largest column sum: rows (or rows * G) by the widest column set.
         let partials = [
             colsum_partials(sh.rows, sh.d_model),
@@ -285,14 +347,8 @@ impl BackwardWork {
             dqkdot: buf(gpu, sh.per_row(sh.nheads))?,
             dphi: buf(gpu, sh.per_row(sh.nheads * sh.angles))?,
             dskip_part: buf(gpu, Ok(kc::dskip_part_elems(&sh)))?,
-            gstates: buf(
-                gpu,
-                Ok(if kc::supported(&sh) {
-                    kc::state_elems(&sh)
-                } else {
-                    1
-                }),
-            )?,
+            chunk_own: buf(gpu, Ok(chunk_states))?,
+            gstates: buf_of(gpu, Ok(chunk_states))?,
             contrib: buf(gpu, sh.per_row(widest))?,
             contrib_c: buf(gpu, sh.per_row(gn))?,
             partials: buf(gpu, Ok(partials))?,

@@ -22,7 +22,7 @@ use crate::kernels::mamba3_bwd::{self as kb, ScanGrads};
 use crate::kernels::mamba3_chunk as kc;
 use crate::kernels::precision::Compute;
 
-use super::acts::{BackwardWork, LayerActs};
+use super::acts::{BackwardWork, LayerActs, keeps_qk};
 use super::forward::check_step;
 use super::probe::Family::{Gemm as G, Loss as L, NormElementwise as E, Scan as S};
 use super::probe::{NoProbe, Probe};
@@ -206,6 +206,7 @@ fn mixer_backward<T: Compute>(
         dqkdot,
         dphi,
         dskip_part,
+        chunk_own,
         gstates,
         contrib,
         contrib_c,
@@ -239,17 +240,22 @@ fn mixer_backward<T: Compute>(
         kb::colsum(gpu, contrib, rows, di, di, 0, partials, gn)?;
     }
 
-    // The forward pass kept only the last block's rotated q and k.
-    probe.enter(gpu, E, "qk norm + rotate (recompute)")?;
-    let src = kf::QkSources {
-        proj: &la.proj,
-        rstd: [&la.rstd_b, &la.rstd_c],
-        params: [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
-        phi: &la.phi,
+    // The mixed step kept every block's rotated q and k; the f32 step
+    // rebuilds them (its forward pass kept only the last block's).
+    let (q, k) = if keeps_qk::<T>() {
+        (&la.q, &la.k)
+    } else {
+        probe.enter(gpu, E, "qk norm + rotate (recompute)")?;
+        let src = kf::QkSources {
+            proj: &la.proj,
+            rstd: [&la.rstd_b, &la.rstd_c],
+            params: [&lw.b_norm, &lw.c_norm, &lw.b_bias, &lw.c_bias],
+            phi: &la.phi,
+        };
+        let [q, k] = T::pick([q, k], [q16, k16]);
+        kf::qk_fwd(gpu, sh, &src, q, k, qk_raw)?;
+        (&*q, &*k)
     };
-    let [q, k] = T::pick([q, k], [q16, k16]);
-    kf::qk_fwd(gpu, sh, &src, q, k, qk_raw)?;
-    let (q, k) = (&*q, &*k);
     let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
     let out = ScanGrads {
         dq: &mut *dq,
@@ -265,7 +271,18 @@ fn mixer_backward<T: Compute>(
     let dd_rows = match (T::as_bf16(q), T::as_bf16(k)) {
         (Some(q16), Some(k16)) if kc::supported(sh) => {
             kc::scan_bwd(
-                gpu, sh, q16, k16, &la.proj, scalars, &lw.d, &la.states, gstates, dy, out,
+                gpu,
+                sh,
+                q16,
+                k16,
+                &la.proj,
+                scalars,
+                &lw.d,
+                &la.states16,
+                chunk_own,
+                gstates,
+                dy,
+                out,
             )?;
             sh.batch * sh.nchunks
         }

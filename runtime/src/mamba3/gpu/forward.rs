@@ -11,7 +11,7 @@ use crate::kernels::mamba3 as k;
 use crate::kernels::mamba3_chunk as kc;
 use crate::kernels::precision::Compute;
 
-use super::acts::{Acts, LayerActs};
+use super::acts::{Acts, LayerActs, keeps_qk};
 use super::probe::Family::{Gemm as G, Loss as L, NormElementwise as E, Scan as S};
 use super::probe::{NoProbe, Probe};
 use super::weights::{Grads, LayerWeights, StepWeights, Weights};
@@ -112,6 +112,7 @@ pub fn blocks_forward<W: StepWeights>(
         layers,
         q,
         k,
+        chunk_own,
         h_final,
         ..
     } = acts;
@@ -128,14 +129,25 @@ pub fn blocks_forward<W: StepWeights>(
             expected: nl,
             found: w.layers.len(),
         })?;
-        mixer_forward(gpu, &sh, lw, gemm_w, la, [&mut *q, &mut *k], next, probe)?;
+        let shared = Shared {
+            qk: [&mut *q, &mut *k],
+            chunk_own: &mut *chunk_own,
+        };
+        mixer_forward(gpu, &sh, lw, gemm_w, la, shared, next, probe)?;
     }
     Ok(())
 }
 
+/// Working buffers every block of a forward pass shares.
+struct Shared<'a, T: Compute> {
+    /// Rotated q and k, for a step whose layers do not keep their own.
+    qk: [&'a mut DeviceBuffer<T>; 2],
+    /// The chunk scan's f32 working memory.
+    chunk_own: &'a mut DeviceBuffer<f32>,
+}
+
 /// One block: `h_next = h_in + out_proj(mixer(norm(h_in)))`.
-/// `gemm_w` holds the block's `[in_proj, out_proj]` in the compute type;
-/// `qk` the shared rotated q and k buffers.
+/// `gemm_w` holds the block's `[in_proj, out_proj]` in the compute type.
 // The block's buffers plus the probe, as in `mixer_backward`.
 #[expect(
     clippy::too_many_arguments,
@@ -147,12 +159,20 @@ fn mixer_forward<T: Compute>(
     lw: &LayerWeights,
     gemm_w: [&DeviceBuffer<T>; 2],
     la: &mut LayerActs<DeviceBuffer<T>>,
-    qk: [&mut DeviceBuffer<T>; 2],
+    shared: Shared<'_, T>,
     h_next: &mut DeviceBuffer<f32>,
     probe: &mut impl Probe,
 ) -> Result<(), Mamba3GpuError> {
     let [w_in, w_out] = gemm_w;
-    let [q, k_rot] = qk;
+    let Shared {
+        qk: [shared_q, shared_k],
+        chunk_own,
+    } = shared;
+    let (q, k_rot) = if keeps_qk::<T>() {
+        (&mut la.q, &mut la.k)
+    } else {
+        (shared_q, shared_k)
+    };
     let (rows, dm) = (sh.rows, sh.d_model);
     probe.enter(gpu, E, "rmsnorm fwd")?;
     k::rmsnorm_fwd(
@@ -209,7 +229,8 @@ fn mixer_forward<T: Compute>(
             scalars,
             &lw.d,
             &mut la.y,
-            &mut la.states,
+            chunk_own,
+            &mut la.states16,
         )?,
         _ => k::scan_fwd(
             gpu,
