@@ -552,6 +552,148 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
     }
 }
 
+// The state recurrence in one kernel: each block owns 16 rows of P of one
+// (batch row, head) and walks its chunks in order, the 16 x N slice of the
+// state in f32 accumulators (a warp per 32 columns of N), so nothing but
+// the bf16 result goes through memory:
+//   dir 0: out[c] = S_c, the state entering chunk c; then
+//          S_{c+1} = e^{cs_last} S_c + sum_s e^{cs_last - cs_s} scale_s v_s k_s^T
+//   dir 1: out[c] = G_c, dL/d(state leaving chunk c), last chunk first; then
+//          G_{c-1} = e^{cs_last} G_c + sum_t e^{cs_t} dy_t q_t^T
+// (the same sums m3c_chunk_state + m3c_state_pass form; the products add
+// onto the decayed accumulator instead of a fresh one). The next chunk's x
+// and y rows are loaded into registers while the current chunk's products
+// run; the chunk weights are built M3C_SW_WARPS chunks at a time, a warp
+// per chunk, with m3c_warp_cumsum (so decays agree bit for bit with the
+// chunk kernels). Needs N <= M3C_SW_WARPS * M3C_JOB_COLS (the wrapper
+// checks and falls back to the two-kernel form otherwise).
+#define M3C_SW_WARPS 4
+#define M3C_SW_THREADS (32 * M3C_SW_WARPS)
+// Per-thread prefetch: C x N bf16 of y in 16-byte items, C x 16 f32 of x in
+// pairs, with C <= 64 and N <= 128.
+#define M3C_SW_YPRE (M3C_MAX_TILE * (M3C_SW_WARPS * M3C_JOB_COLS) / 8 / M3C_SW_THREADS)
+#define M3C_SW_XPRE (M3C_MAX_TILE * 8 / M3C_SW_THREADS)
+extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS)
+    m3c_states(const float* __restrict__ x, unsigned x_stride, unsigned x_off, const m3c_bf* __restrict__ yv,
+               const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+               m3c_bf* __restrict__ out, M3Dims d, unsigned dir) {
+    extern __shared__ __align__(16) unsigned char m3c_sm[];
+    const unsigned P = d.headdim, N = d.d_state, C = d.chunk, nc = d.nchunks;
+    const unsigned XS = 16 + M3C_PAD, NS = N + M3C_PAD;
+    m3c_bf* X = reinterpret_cast<m3c_bf*>(m3c_sm);  // C x XS: weighted x rows, 16 columns of P
+    m3c_bf* Y = X + C * XS;                          // C x NS
+    float* win = reinterpret_cast<float*>(Y + C * NS);  // M3C_SW_WARPS x (C + 1): weights, then e^{cs_last}
+    const unsigned bh = blockIdx.y, b = bh / d.nheads, h = bh % d.nheads, p0 = blockIdx.x * 16;
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const unsigned n0 = warp * M3C_JOB_COLS, ncols = n0 < N ? min(M3C_JOB_COLS, N - n0) : 0;
+    const unsigned long long hn = (unsigned long long)d.nheads * N;
+    const unsigned n8 = N / 8;
+    uint4 ypre[M3C_SW_YPRE];
+    float2 xpre[M3C_SW_XPRE];
+    // Loads chunk c's y rows (C x N) and x rows (C x 16 from column p0 of
+    // head h) into the prefetch registers; rows past the chunk are zero.
+    auto fetch = [&](unsigned c) {
+        const unsigned c0 = c * C, L = min(C, d.len - c0);
+        const unsigned long long row0 = (unsigned long long)b * d.len + c0;
+#pragma unroll
+        for (int j = 0; j < M3C_SW_YPRE; ++j) {
+            const unsigned i = threadIdx.x + j * M3C_SW_THREADS, r = i / n8;
+            ypre[j] = make_uint4(0u, 0u, 0u, 0u);
+            if (r < L) {
+                ypre[j] = *reinterpret_cast<const uint4*>(yv + (row0 + r) * hn + (unsigned long long)h * N +
+                                                          (i % n8) * 8);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < M3C_SW_XPRE; ++j) {
+            const unsigned i = threadIdx.x + j * M3C_SW_THREADS, r = i / 8;
+            xpre[j] = make_float2(0.0f, 0.0f);
+            if (r < L) {
+                const float* px = x + (row0 + r) * x_stride + x_off + (unsigned long long)h * P + p0 + (i % 8) * 2;
+                xpre[j] = make_float2(px[0], px[1]);
+            }
+        }
+    };
+    M3cAcc acc;
+    m3c_zero(acc);
+    fetch(dir == 0 ? 0 : nc - 1);
+    for (unsigned k = 0; k < nc; ++k) {
+        const unsigned c = dir == 0 ? k : nc - 1 - k, kk = k % M3C_SW_WARPS;
+        if (kk == 0) {
+            // Weights of the next M3C_SW_WARPS chunks, a warp each.
+            if (k + warp < nc) {
+                const unsigned cw = dir == 0 ? k + warp : nc - 1 - (k + warp);
+                const unsigned c0 = cw * C, L = min(C, d.len - c0);
+                const unsigned long long row0 = (unsigned long long)b * d.len + c0;
+                float* cs = win + warp * (C + 1);
+                m3c_warp_cumsum(adt, row0, h, L, C, d.nheads, cs);
+                __syncwarp();
+                const float last = cs[C];
+                for (unsigned t = lane; t < C; t += 32) {
+                    float wt = 0.0f;
+                    if (t < L) {
+                        if (dir == 0) {
+                            const unsigned long long rh = (row0 + t) * d.nheads + h;
+                            wt = expf(last - cs[t]) * m3c_scale(dt, lam, rh, c0 + t, d.len, d.nheads);
+                        } else {
+                            wt = expf(cs[t]);
+                        }
+                    }
+                    cs[t] = wt;
+                }
+                __syncwarp();
+                if (lane == 0) {
+                    cs[C] = expf(last);
+                }
+            }
+            __syncthreads();
+        }
+        const float* w = win + kk * (C + 1);
+#pragma unroll
+        for (int j = 0; j < M3C_SW_YPRE; ++j) {
+            const unsigned i = threadIdx.x + j * M3C_SW_THREADS, r = i / n8;
+            if (r < C) {
+                *reinterpret_cast<uint4*>(Y + r * NS + (i % n8) * 8) = ypre[j];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < M3C_SW_XPRE; ++j) {
+            const unsigned i = threadIdx.x + j * M3C_SW_THREADS, r = i / 8;
+            if (r < C) {
+                const float s = w[r];
+                *reinterpret_cast<unsigned*>(X + r * XS + (i % 8) * 2) = m3c_pack(s * xpre[j].x, s * xpre[j].y);
+            }
+        }
+        __syncthreads();
+        if (k + 1 < nc) {
+            fetch(dir == 0 ? k + 1 : nc - 2 - k);
+        }
+        if (ncols > 0) {
+            m3c_bf* o = out + (((unsigned long long)bh * nc + c) * P + p0) * N;
+#pragma unroll
+            for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+                if (8u * j < ncols) {
+                    *reinterpret_cast<unsigned*>(o + m3c_row(0, 0) * N + m3c_col(n0, j, 0)) =
+                        m3c_pack(acc.v[j][0], acc.v[j][1]);
+                    *reinterpret_cast<unsigned*>(o + m3c_row(0, 2) * N + m3c_col(n0, j, 2)) =
+                        m3c_pack(acc.v[j][2], acc.v[j][3]);
+                }
+            }
+            const float e = w[C];
+#pragma unroll
+            for (int j = 0; j < M3C_JOB_COLS / 8; ++j) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    acc.v[j][r] *= e;
+                }
+            }
+            // acc[p][n] += sum_t X[t][p] Y[t][n]: A is X^T, B is Y as stored.
+            m3c_gemm<true, false>(acc, X, XS, Y, NS, 0, n0, 0, C, ncols);
+        }
+        __syncthreads();
+    }
+}
+
 // Every chunk's outputs, given the state entering it:
 //   y_t = e^{cs_t} S_c q_t + sum_{s<t} e^{cs_t - cs_s} (q_t . k~_s) v_s + dg_t v_t
 // with the diagonal dg_t v_t added in f32 after the products.

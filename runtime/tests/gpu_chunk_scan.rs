@@ -202,12 +202,15 @@ fn cfg(d_state: usize, headdim: usize, chunk: usize, ngroups: usize) -> Mamba3Co
 fn chunk_scan_matches_the_scalar_scan() {
     let gpu = gpu();
     // (config, batch, len): partial last chunk, a single short chunk, two
-    // groups, and the official N 128 / P 64 / C 64 over 16 chunks.
+    // groups, the official N 128 / P 64 / C 64 over 16 chunks, and N 160,
+    // past the one-kernel state walk (the two-kernel walk through f32
+    // working memory).
     let cases = [
         (cfg(64, 64, 64, 1), 2, 300),
         (cfg(32, 16, 32, 1), 3, 20),
         (cfg(32, 16, 16, 2), 2, 77),
         (cfg(128, 64, 64, 1), 2, 1024),
+        (cfg(160, 16, 32, 1), 2, 150),
     ];
     let mut worst = (0.0f64, 1.0f64);
     for (i, (c, batch, len)) in cases.iter().enumerate() {
@@ -215,6 +218,11 @@ fn chunk_scan_matches_the_scalar_scan() {
         let s = step(&gpu, c, *batch, *len, seed);
         let sh = s.acts.shape;
         assert!(kc::supported(&sh), "case {i} must take the chunk path");
+        assert_eq!(
+            kc::one_kernel_states(&sh),
+            sh.d_state <= 128,
+            "case {i}: which state walk"
+        );
         let dy = gpu
             .to_device(&random(seed + 7, sh.rows * sh.d_inner, 1.0))
             .expect("dy");

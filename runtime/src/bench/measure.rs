@@ -83,13 +83,15 @@ pub fn estimate_bytes(cfg: &Mamba3Config, batch: usize, seq_len: usize, operand_
         4 * (dm + 1 + e + 2 * g + s + 3 * h + h * s + h + di + h) + ob * (dm + di + kept_qk);
     let states = if chunk { 2 } else { 4 } * state_elems;
     let layers = w(cfg.n_layer) * (rows * per_layer_row + states);
-    let chunk_own = if chunk { 4 * state_elems } else { 0 };
+    let own_elems = w(crate::kernels::mamba3_chunk::own_elems(&sh));
+    let chunk_own = if chunk { 4 * own_elems } else { 0 };
     let globals = rows * (4 * (dm + 1 + v + 2) + ob * (dm + shared_qk)) + chunk_own;
     let widest = dm.max(di).max(g * n);
-    // The chunk scan's backward working memory (f32 contributions, bf16
-    // state gradients), allocated whenever the shape could use it.
+    // The chunk scan's backward working memory (bf16 state gradients, and
+    // f32 contributions where the one-kernel walk does not take the
+    // shape), allocated whenever the shape could use it.
     let gstates = if crate::kernels::mamba3_chunk::supported(&sh) {
-        6 * state_elems
+        2 * state_elems + 4 * own_elems
     } else {
         0
     };

@@ -72,6 +72,8 @@ pub enum Kernel {
     M3cChunkState,
     /// `m3c_state_pass`.
     M3cStatePass,
+    /// `m3c_states`.
+    M3cStates,
     /// `m3c_scan_out`.
     M3cScanOut,
     /// `m3c_scan_bwd`.
@@ -153,6 +155,7 @@ impl Kernel {
         Kernel::M3ScanBwdBf16qk,
         Kernel::M3cChunkState,
         Kernel::M3cStatePass,
+        Kernel::M3cStates,
         Kernel::M3cScanOut,
         Kernel::M3cScanBwd,
         Kernel::M3CeBwdF32,
@@ -208,6 +211,7 @@ impl Kernel {
             Kernel::M3ScanBwdBf16qk => "m3_scan_bwd_bf16qk",
             Kernel::M3cChunkState => "m3c_chunk_state",
             Kernel::M3cStatePass => "m3c_state_pass",
+            Kernel::M3cStates => "m3c_states",
             Kernel::M3cScanOut => "m3c_scan_out",
             Kernel::M3cScanBwd => "m3c_scan_bwd",
             Kernel::M3CeBwdF32 => "m3_ce_bwd_f32",

@@ -34,6 +34,13 @@ pub const CHUNK_THREADS: u32 = 256;
 /// Threads of the state walk; must equal `M3C_PASS_THREADS`.
 pub const CHUNK_PASS_THREADS: u32 = 256;
 
+/// Threads of the one-kernel state walk `m3c_states` (`M3C_SW_THREADS`):
+/// a warp per [`JOB_COLS`] columns of N.
+pub const STATES_THREADS: u32 = 128;
+
+/// Rows of P one `m3c_states` block owns.
+const STATES_ROWS: usize = 16;
+
 /// Row padding of every bf16 shared tile, in elements (`M3C_PAD`).
 const PAD: usize = 8;
 
@@ -61,6 +68,33 @@ fn bf16_tile(rows: usize, cols: usize) -> usize {
 pub fn state_smem(sh: &Mamba3Shape) -> usize {
     let (c, n, p) = (sh.chunk, sh.d_state, sh.headdim);
     bf16_tile(c, p) + bf16_tile(c, n) + 4 * (2 * c + 1)
+}
+
+/// Dynamic shared memory of `m3c_states`, in bytes: 16 columns of the
+/// weighted x rows and the key/query rows (bf16), then four chunks' weights
+/// and decays (`C + 1` floats each).
+pub fn states_smem(sh: &Mamba3Shape) -> usize {
+    let (c, n) = (sh.chunk, sh.d_state);
+    bf16_tile(c, STATES_ROWS) + bf16_tile(c, n) + 4 * 4 * (c + 1)
+}
+
+/// Whether the one-kernel state walk `m3c_states` takes shape `sh` (on top
+/// of [`supported`]): its four warps cover N <= 128 in one pass. Otherwise
+/// the walk runs as `m3c_chunk_state` + `m3c_state_pass` through an f32
+/// working buffer (see [`own_elems`]).
+pub fn one_kernel_states(sh: &Mamba3Shape) -> bool {
+    let warps = usize::try_from(STATES_THREADS / 32).unwrap_or(0);
+    supported(sh) && sh.d_state <= warps * JOB_COLS
+}
+
+/// Elements of the f32 working memory the state walk needs: none (one,
+/// so the buffer exists) when [`one_kernel_states`] takes the shape.
+pub fn own_elems(sh: &Mamba3Shape) -> usize {
+    if one_kernel_states(sh) {
+        1
+    } else {
+        state_elems(sh)
+    }
 }
 
 /// Dynamic shared memory of `m3c_scan_out`, in bytes: q, k~, v, the state
@@ -206,6 +240,32 @@ fn states_and_walk(
         to_u32("chunk scan: x row stride", stride)?,
         to_u32("chunk scan: x offset", off)?,
     );
+    if one_kernel_states(sh) {
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_u32("chunk scan: P / 16", sh.headdim / STATES_ROWS)?.max(1),
+                to_u32("chunk scan: batch * heads", sh.batch * sh.nheads)?.max(1),
+                1,
+            ),
+            block_dim: (STATES_THREADS, 1, 1),
+            shared_mem_bytes: to_u32("chunk scan: state walk shared memory", states_smem(sh))?,
+        };
+        let f = gpu.function(Kernel::M3cStates)?;
+        let mut b = gpu.stream().launch_builder(f);
+        b.arg(xb.slice()?).arg(&stride).arg(&off).arg(y.slice()?);
+        b.arg(dt.slice()?).arg(adt.slice()?).arg(lam.slice()?);
+        b.arg(out.slice_mut()?).arg(&d).arg(&dir);
+        // SAFETY: block (j, b*H + h) reads rows [b T, b T + T) of x at
+        // columns x_off + h P + 16 j .. + 16 (stride and offset checked by
+        // the callers against x's length), the same rows of y [rows, H, N]
+        // and of the [rows, H] scalars (lengths checked by the callers),
+        // and writes rows 16 j .. 16 j + 16 of every chunk's P x N slice of
+        // (b, h) in `out` (checked to hold `state_elems`); N <= 128 and P a
+        // multiple of 16 (`one_kernel_states`); shared memory is
+        // `states_smem`, under the 48 KB every kernel may use.
+        unsafe { b.launch(cfg) }.during("launch m3c_states")?;
+        return Ok(());
+    }
     let cfg = per_chunk(gpu, sh, state_smem(sh))?;
     let f = gpu.function(Kernel::M3cChunkState)?;
     let mut b = gpu.stream().launch_builder(f);
@@ -254,7 +314,7 @@ pub fn scan_fwd(
 ) -> Result<(), GpuError> {
     check_scan_inputs(gpu, sh, [q, k], proj, scalars, dskip)?;
     need(gpu, "chunk scan: y", y, sh.per_row(sh.d_inner)?)?;
-    need(gpu, "chunk scan: own contributions", own, state_elems(sh))?;
+    need(gpu, "chunk scan: own contributions", own, own_elems(sh))?;
     need(gpu, "chunk scan: states", states, state_elems(sh))?;
     states_and_walk(
         gpu,
@@ -311,12 +371,7 @@ pub fn scan_bwd(
 ) -> Result<(), GpuError> {
     check_scan_inputs(gpu, sh, [q, k], proj, scalars, dskip)?;
     need(gpu, "chunk scan bwd: states", states, state_elems(sh))?;
-    need(
-        gpu,
-        "chunk scan bwd: own contributions",
-        own,
-        state_elems(sh),
-    )?;
+    need(gpu, "chunk scan bwd: own contributions", own, own_elems(sh))?;
     need(gpu, "chunk scan bwd: gstates", gstates, state_elems(sh))?;
     need(gpu, "chunk scan bwd: dy", dy, sh.per_row(sh.d_inner)?)?;
     out.check(gpu, sh, dskip_part_elems(sh))?;
@@ -362,6 +417,8 @@ mod tests {
         assert!(src.contains(&format!("#define M3C_PAD {PAD}")));
         assert!(src.contains(&format!("#define M3C_JOB_COLS {JOB_COLS}")));
         assert!(src.contains(&format!("#define M3C_MAX_TILE {MAX_TILE}")));
+        assert!(src.contains("#define M3C_SW_THREADS (32 * M3C_SW_WARPS)"));
+        assert!(src.contains(&format!("#define M3C_SW_WARPS {}", STATES_THREADS / 32)));
         assert!(src.contains("#define M3C_WARPS (M3C_THREADS / 32)"));
         assert_eq!(usize::try_from(CHUNK_THREADS / 32).ok(), Some(WARPS));
     }

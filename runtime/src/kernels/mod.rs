@@ -132,6 +132,7 @@ pub const MODULES: &[Module] = &[
         functions: &[
             "m3c_chunk_state",
             "m3c_state_pass",
+            "m3c_states",
             "m3c_scan_out",
             "m3c_scan_bwd",
         ],

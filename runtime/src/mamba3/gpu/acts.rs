@@ -168,8 +168,9 @@ pub struct Acts<B = DeviceBuffer<f32>> {
     /// Rotated keys of the block being run `[rows, H, N]`, shared like `q`.
     pub k: B,
     /// The chunk scan's f32 working memory: each chunk's own state
-    /// contribution before the walk `[B, H, nchunks, P, N]` (one element
-    /// on the scalar scan's path).
+    /// contribution before the walk `[B, H, nchunks, P, N]`, for shapes the
+    /// one-kernel walk does not take (one element otherwise, see
+    /// [`kc::own_elems`]).
     pub chunk_own: DeviceBuffer<f32>,
     /// Residual stream after the last block `[rows, d_model]`.
     pub h_final: DeviceBuffer<f32>,
@@ -211,7 +212,7 @@ impl<T: Compute> Acts<DeviceBuffer<T>> {
             sh.per_row(sh.nheads * sh.d_state)?
         };
         let own = if chunk_scan::<T>(&sh) {
-            kc::state_elems(&sh)
+            kc::own_elems(&sh)
         } else {
             1
         };
@@ -284,7 +285,7 @@ pub struct BackwardWork {
     pub dskip_part: DeviceBuffer<f32>,
     /// The chunk scan's f32 working memory (each chunk's own dL/dS
     /// contribution before the reverse walk) `[B, H, nchunks, P, N]` (one
-    /// element when the shape cannot use it).
+    /// element when the shape does not need it, see [`kc::own_elems`]).
     pub chunk_own: DeviceBuffer<f32>,
     /// dL/d(state leaving each chunk) in bf16, the chunk scan's backward
     /// working memory `[B, H, nchunks, P, N]` (one element when the shape
@@ -347,7 +348,14 @@ impl BackwardWork {
             dqkdot: buf(gpu, sh.per_row(sh.nheads))?,
             dphi: buf(gpu, sh.per_row(sh.nheads * sh.angles))?,
             dskip_part: buf(gpu, Ok(kc::dskip_part_elems(&sh)))?,
-            chunk_own: buf(gpu, Ok(chunk_states))?,
+            chunk_own: buf(
+                gpu,
+                Ok(if kc::supported(&sh) {
+                    kc::own_elems(&sh)
+                } else {
+                    1
+                }),
+            )?,
             gstates: buf_of(gpu, Ok(chunk_states))?,
             contrib: buf(gpu, sh.per_row(widest))?,
             contrib_c: buf(gpu, sh.per_row(gn))?,
