@@ -563,17 +563,21 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
 // (the same sums m3c_chunk_state + m3c_state_pass form; the products add
 // onto the decayed accumulator instead of a fresh one). The next chunk's x
 // and y rows are loaded into registers while the current chunk's products
-// run; the chunk weights are built M3C_SW_WARPS chunks at a time, a warp
-// per chunk, with m3c_warp_cumsum (so decays agree bit for bit with the
-// chunk kernels). Needs N <= M3C_SW_WARPS * M3C_JOB_COLS (the wrapper
+// run; the chunk weights are built M3C_SW_WIN chunks at a time (each warp
+// a quarter of them) with m3c_warp_cumsum, so decays agree bit for bit with
+// the chunk kernels and their loads sit outside the walk. At most 80
+// registers a thread (six blocks an SM): at M's shape every block of a
+// launch is resident at once, so the serial walks all run in one wave. Needs N <= M3C_SW_WARPS * M3C_JOB_COLS (the wrapper
 // checks and falls back to the two-kernel form otherwise).
 #define M3C_SW_WARPS 4
 #define M3C_SW_THREADS (32 * M3C_SW_WARPS)
+// Chunks whose weights one window builds.
+#define M3C_SW_WIN 16
 // Per-thread prefetch: C x N bf16 of y in 16-byte items, C x 16 f32 of x in
 // pairs, with C <= 64 and N <= 128.
 #define M3C_SW_YPRE (M3C_MAX_TILE * (M3C_SW_WARPS * M3C_JOB_COLS) / 8 / M3C_SW_THREADS)
 #define M3C_SW_XPRE (M3C_MAX_TILE * 8 / M3C_SW_THREADS)
-extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS)
+extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS, 6)
     m3c_states(const float* __restrict__ x, unsigned x_stride, unsigned x_off, const m3c_bf* __restrict__ yv,
                const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
                m3c_bf* __restrict__ out, M3Dims d, unsigned dir) {
@@ -582,7 +586,7 @@ extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS)
     const unsigned XS = 16 + M3C_PAD, NS = N + M3C_PAD;
     m3c_bf* X = reinterpret_cast<m3c_bf*>(m3c_sm);  // C x XS: weighted x rows, 16 columns of P
     m3c_bf* Y = X + C * XS;                          // C x NS
-    float* win = reinterpret_cast<float*>(Y + C * NS);  // M3C_SW_WARPS x (C + 1): weights, then e^{cs_last}
+    float* win = reinterpret_cast<float*>(Y + C * NS);  // M3C_SW_WIN x (C + 1): weights, then e^{cs_last}
     const unsigned bh = blockIdx.y, b = bh / d.nheads, h = bh % d.nheads, p0 = blockIdx.x * 16;
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const unsigned n0 = warp * M3C_JOB_COLS, ncols = n0 < N ? min(M3C_JOB_COLS, N - n0) : 0;
@@ -618,14 +622,14 @@ extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS)
     m3c_zero(acc);
     fetch(dir == 0 ? 0 : nc - 1);
     for (unsigned k = 0; k < nc; ++k) {
-        const unsigned c = dir == 0 ? k : nc - 1 - k, kk = k % M3C_SW_WARPS;
+        const unsigned c = dir == 0 ? k : nc - 1 - k, kk = k % M3C_SW_WIN;
         if (kk == 0) {
-            // Weights of the next M3C_SW_WARPS chunks, a warp each.
-            if (k + warp < nc) {
-                const unsigned cw = dir == 0 ? k + warp : nc - 1 - (k + warp);
+            // Weights of the next M3C_SW_WIN chunks, a warp per chunk.
+            for (unsigned jw = warp; jw < M3C_SW_WIN && k + jw < nc; jw += M3C_SW_WARPS) {
+                const unsigned cw = dir == 0 ? k + jw : nc - 1 - (k + jw);
                 const unsigned c0 = cw * C, L = min(C, d.len - c0);
                 const unsigned long long row0 = (unsigned long long)b * d.len + c0;
-                float* cs = win + warp * (C + 1);
+                float* cs = win + jw * (C + 1);
                 m3c_warp_cumsum(adt, row0, h, L, C, d.nheads, cs);
                 __syncwarp();
                 const float last = cs[C];
@@ -645,6 +649,7 @@ extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS)
                 if (lane == 0) {
                     cs[C] = expf(last);
                 }
+                __syncwarp();
             }
             __syncthreads();
         }
@@ -664,10 +669,12 @@ extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS)
                 *reinterpret_cast<unsigned*>(X + r * XS + (i % 8) * 2) = m3c_pack(s * xpre[j].x, s * xpre[j].y);
             }
         }
-        __syncthreads();
+        // The registers are free again: the next chunk's loads go out
+        // before the barrier.
         if (k + 1 < nc) {
             fetch(dir == 0 ? k + 1 : nc - 2 - k);
         }
+        __syncthreads();
         if (ncols > 0) {
             m3c_bf* o = out + (((unsigned long long)bh * nc + c) * P + p0) * N;
 #pragma unroll

@@ -70,12 +70,15 @@ pub fn state_smem(sh: &Mamba3Shape) -> usize {
     bf16_tile(c, p) + bf16_tile(c, n) + 4 * (2 * c + 1)
 }
 
+/// Chunks whose weights one `m3c_states` window builds (`M3C_SW_WIN`).
+const STATES_WINDOW: usize = 16;
+
 /// Dynamic shared memory of `m3c_states`, in bytes: 16 columns of the
-/// weighted x rows and the key/query rows (bf16), then four chunks' weights
-/// and decays (`C + 1` floats each).
+/// weighted x rows and the key/query rows (bf16), then a window of chunk
+/// weights and decays (`C + 1` floats a chunk).
 pub fn states_smem(sh: &Mamba3Shape) -> usize {
     let (c, n) = (sh.chunk, sh.d_state);
-    bf16_tile(c, STATES_ROWS) + bf16_tile(c, n) + 4 * 4 * (c + 1)
+    bf16_tile(c, STATES_ROWS) + bf16_tile(c, n) + 4 * STATES_WINDOW * (c + 1)
 }
 
 /// Whether the one-kernel state walk `m3c_states` takes shape `sh` (on top
@@ -418,6 +421,7 @@ mod tests {
         assert!(src.contains(&format!("#define M3C_JOB_COLS {JOB_COLS}")));
         assert!(src.contains(&format!("#define M3C_MAX_TILE {MAX_TILE}")));
         assert!(src.contains("#define M3C_SW_THREADS (32 * M3C_SW_WARPS)"));
+        assert!(src.contains(&format!("#define M3C_SW_WIN {STATES_WINDOW}")));
         assert!(src.contains(&format!("#define M3C_SW_WARPS {}", STATES_THREADS / 32)));
         assert!(src.contains("#define M3C_WARPS (M3C_THREADS / 32)"));
         assert_eq!(usize::try_from(CHUNK_THREADS / 32).ok(), Some(WARPS));
