@@ -7,7 +7,8 @@
 //!
 //! The example's modules are compiled into this binary as they are; the
 //! derive's guard tests (no GPU) run here too, in CI. On the GPU machine:
-//! `bash .gpu/run-tests.sh gpu_mlp` after `bash tests/gpu/stage`.
+//! `bash .gpu/run-tests.sh mlp` after `bash tests/gpu/stage` (every test
+//! here has `mlp` in its name).
 
 #[path = "../examples/mlp/data.rs"]
 mod data;
@@ -89,7 +90,7 @@ fn state_bits(gpu: &Gpu, s: &MlpStep) -> Vec<Vec<u32>> {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn the_first_step_matches_the_cpu_reference() {
+fn mlp_first_step_matches_the_cpu_reference() {
     let (gpu, _lock) = gpu();
     let teacher = Teacher::new(DIMS, SEED);
     let init = HostParams::init(DIMS, SEED);
@@ -120,7 +121,7 @@ fn the_first_step_matches_the_cpu_reference() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn replay_equals_the_eager_step_bit_for_bit_over_50_steps() {
+fn mlp_replay_equals_the_eager_step_bit_for_bit_over_50_steps() {
     let (gpu, _lock) = gpu();
     let teacher = Teacher::new(DIMS, SEED);
     let (mut eager, mut replayed) = (new_step(&gpu), new_step(&gpu));
@@ -159,7 +160,7 @@ fn replay_equals_the_eager_step_bit_for_bit_over_50_steps() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn the_loss_falls_over_300_replayed_steps() {
+fn mlp_loss_falls_over_300_replayed_steps() {
     let (gpu, _lock) = gpu();
     let teacher = Teacher::new(DIMS, SEED);
     let mut s = new_step(&gpu);
@@ -232,7 +233,7 @@ fn move_nth(gpu: &Gpu, s: &mut MlpStep, n: usize) -> Option<(&'static str, Strin
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn moving_any_allocation_refuses_the_replay_naming_it() {
+fn mlp_moving_any_allocation_refuses_the_replay_naming_it() {
     let (gpu, _lock) = gpu();
     let teacher = Teacher::new(DIMS, SEED);
     let mut s = new_step(&gpu);
@@ -324,7 +325,7 @@ struct SneakyStep {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn a_custom_kernel_op_that_allocates_or_syncs_is_a_capture_violation_naming_it() {
+fn mlp_custom_kernel_op_that_allocates_or_syncs_is_a_capture_violation_naming_it() {
     let (gpu, _lock) = gpu();
     let (rows, cols) = (8usize, 32usize);
     let bias: Vec<f32> = (0..cols)

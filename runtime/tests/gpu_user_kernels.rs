@@ -70,7 +70,7 @@ fn must_open(set: &UserKernels) -> Gpu {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn every_parameter_kind_reaches_the_kernel() {
+fn user_kernel_every_parameter_kind_reaches_the_kernel() {
     let _serial = serial();
     let k = kernels();
     let gpu = must_open(&k.set);
@@ -124,7 +124,7 @@ fn every_parameter_kind_reaches_the_kernel() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn a_module_from_a_file_with_its_own_header_goes_through_the_cache() {
+fn user_kernel_module_from_a_file_with_its_own_header_goes_through_the_cache() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("triple.cu");
@@ -166,7 +166,7 @@ fn a_module_from_a_file_with_its_own_header_goes_through_the_cache() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn bad_declarations_are_refused_when_the_context_opens() {
+fn user_kernel_bad_declarations_are_refused_when_the_context_opens() {
     let _serial = serial();
     // A parameter list that is not the kernel's.
     let mut set = UserKernels::new();
@@ -226,7 +226,7 @@ fn bad_declarations_are_refused_when_the_context_opens() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn foreign_handles_buffers_and_bad_grids_are_refused_before_launching() {
+fn user_kernel_foreign_handles_buffers_and_bad_grids_are_refused_before_launching() {
     let _serial = serial();
     let (mine, other) = (kernels(), kernels());
     let gpu = must_open(&mine.set);

@@ -54,7 +54,10 @@
 //! ```
 //!
 //! It must not allocate, download or synchronize (those calls fail during
-//! capture); buffers it needs are step buffers or context scratch.
+//! capture); buffers it needs are step buffers or context scratch. Kernels
+//! of the op's own launch through `kernels::user` handles, on the same
+//! stream; the stream itself is never handed out, so every call an op makes
+//! goes through these checks.
 
 mod blas;
 mod buffer;
