@@ -52,7 +52,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::{LaunchConfig, PushKernelArg as _};
 
-use super::user_params::{KernelParams, Raw};
+use super::user_params::KernelParams;
+use super::user_params::sealed::Raw;
 use crate::device::error::During as _;
 use crate::device::{Gpu, GpuError, SourceText, UserFunction, UserModule, UserModules};
 

@@ -11,7 +11,7 @@
 //! | `f32`, `f64`, `i32`, `u32`, `i64`, `u64`, `bf16` | `float`, `double`, `int`, `unsigned`, `long long`, `unsigned long long`, `__nv_bfloat16` | the value |
 //!
 //! The traits are sealed: the list of kinds is what the launch knows how to
-//! pass safely. Each kind lowers to one fixed-size [`Raw`] value; the byte
+//! pass safely. Each kind lowers to one fixed-size value; the byte
 //! sizes of a list are checked against the compiled kernel's own when the
 //! context loads it, so a list of the wrong length or with a parameter of
 //! the wrong size is refused before it can launch. (Two kinds of one size,
@@ -22,6 +22,7 @@ use std::marker::PhantomData;
 use half::bf16;
 
 use crate::device::{DeviceBuffer, Element, Gpu, GpuError, ScratchGuard};
+use sealed::Raw;
 
 /// A `const T*` parameter: the launch passes a `&DeviceBuffer<T>`.
 #[derive(Debug)]
@@ -56,30 +57,31 @@ impl<T: Element> ScratchGuard<'_, T> {
     }
 }
 
-/// One kernel parameter's value, exactly as the kernel receives it.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Raw {
-    /// A device address.
-    Ptr(u64),
-    /// `float`.
-    F32(f32),
-    /// `double`.
-    F64(f64),
-    /// `int`.
-    I32(i32),
-    /// `unsigned`.
-    U32(u32),
-    /// `long long`.
-    I64(i64),
-    /// `unsigned long long`.
-    U64(u64),
-    /// `__nv_bfloat16`.
-    Bf16(bf16),
-}
-
 pub(crate) mod sealed {
-    use super::{Gpu, GpuError, Raw};
+    use half::bf16;
+
+    use super::{Gpu, GpuError};
+
+    /// One kernel parameter's value, exactly as the kernel receives it.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub enum Raw {
+        /// A device address.
+        Ptr(u64),
+        /// `float`.
+        F32(f32),
+        /// `double`.
+        F64(f64),
+        /// `int`.
+        I32(i32),
+        /// `unsigned`.
+        U32(u32),
+        /// `long long`.
+        I64(i64),
+        /// `unsigned long long`.
+        U64(u64),
+        /// `__nv_bfloat16`.
+        Bf16(bf16),
+    }
 
     /// How one parameter kind is passed; see the [module docs](super).
     pub trait Param {
