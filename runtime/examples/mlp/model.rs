@@ -346,3 +346,44 @@ pub fn adamw(
         .collect();
     fused_update(gpu, updates, &sched.derived, None, adam)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte size of each parameter of kernel `name`, read from its C
+    /// signature in `src` (pointers 8 bytes, `unsigned`, `int`, `float` 4).
+    fn c_param_bytes(src: &str, name: &str) -> Vec<usize> {
+        let open = format!("void {name}(");
+        let start = src.find(&open).map(|i| i + open.len());
+        let start = start.unwrap_or_else(|| panic!("{name} not in mlp.cu"));
+        let end = start + src[start..].find(')').expect("a closing parenthesis");
+        src[start..end]
+            .split(',')
+            .map(|p| match p {
+                p if p.contains('*') => 8,
+                p if p.contains("double") || p.contains("long long") => 8,
+                _ => 4,
+            })
+            .collect()
+    }
+
+    /// Without a GPU: each handle's parameter list has the length and sizes
+    /// of its kernel's C signature (the context checks the compiled kernel
+    /// itself when it opens).
+    #[test]
+    fn each_handle_matches_its_kernels_signature() {
+        let src = include_str!("mlp.cu");
+        let k = &*KERNELS;
+        for (name, bytes) in [
+            (k.bias_act.name(), k.bias_act.param_bytes()),
+            (k.softmax_xent.name(), k.softmax_xent.param_bytes()),
+            (k.mean.name(), k.mean.param_bytes()),
+            (k.colsum.name(), k.colsum.param_bytes()),
+            (k.relu_bwd.name(), k.relu_bwd.param_bytes()),
+        ] {
+            assert_eq!(bytes, c_param_bytes(src, name), "{name}");
+        }
+        assert_eq!(k.set.kernel_count(), 5);
+    }
+}

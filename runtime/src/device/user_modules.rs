@@ -47,8 +47,8 @@ pub(crate) struct UserModules {
 
 impl UserModules {
     /// Refuses empty names and a kernel, module or header named twice:
-    /// handles are resolved by position, and a duplicate would make two
-    /// handles silently share one function (or one cache entry's name).
+    /// errors and reports name kernels and modules, so each must be one
+    /// thing, and NVRTC finds a header by its name.
     pub(crate) fn check(&self) -> Result<(), GpuError> {
         let mut seen_modules = std::collections::BTreeSet::new();
         let mut seen_kernels = std::collections::BTreeSet::new();
@@ -65,8 +65,8 @@ impl UserModules {
             if m.source.file.is_empty() {
                 return Err(bad("empty module name", &m.source.label));
             }
-            if !seen_modules.insert(m.source.file.as_str()) {
-                return Err(bad("module declared twice", &m.source.file));
+            if !seen_modules.insert(m.source.label.as_str()) {
+                return Err(bad("module declared twice", &m.source.label));
             }
             for f in &m.functions {
                 if f.name.is_empty() {

@@ -43,12 +43,10 @@ impl Gpu {
 
 /// Presizes the reduction partials and warms the crate's kernels up.
 fn ready(gpu: Gpu) -> Result<Gpu, GpuError> {
-    {
-        let partials = std::mem::size_of::<f32>()
-            .saturating_mul(usize::try_from(super::reduce::MAX_PARTIALS).unwrap_or(usize::MAX));
-        gpu.presize_scratch(REDUCE_PARTIALS, partials)?;
-        warm_up(&gpu)?;
-    }
+    let partials = std::mem::size_of::<f32>()
+        .saturating_mul(usize::try_from(super::reduce::MAX_PARTIALS).unwrap_or(usize::MAX));
+    gpu.presize_scratch(REDUCE_PARTIALS, partials)?;
+    warm_up(&gpu)?;
     Ok(gpu)
 }
 

@@ -286,6 +286,12 @@ impl<P: KernelParams> UserKernel<P> {
         &self.name
     }
 
+    /// The byte size of each parameter the handle passes, in order: what
+    /// the context checks against the compiled kernel when it loads it.
+    pub fn param_bytes(&self) -> &'static [usize] {
+        P::BYTES
+    }
+
     /// Launches the kernel on `gpu`'s stream with `args`, one per parameter
     /// of `P`; see the [module docs](self) for what is checked.
     pub fn launch(&self, gpu: &Gpu, grid: Grid, args: P::Args<'_>) -> Result<(), GpuError> {
@@ -336,6 +342,10 @@ mod tests {
         let b: UserKernel<(Scratch<f64>,)> = m.kernel("fb");
         let c: UserKernel<()> = m.kernel("fc");
         assert_eq!((a.index, b.index, c.index), (0, 1, 2));
+        assert_eq!(
+            (a.param_bytes(), c.param_bytes()),
+            (&[8, 8, 4][..], &[][..])
+        );
         assert_eq!(set.kernel_count(), 3);
         let modules = set.modules();
         assert!(modules.set > 0 && a.set == modules.set && c.set == modules.set);
