@@ -18,7 +18,9 @@
 //!    cuBLAS, scratch and the graph backend; it compiles whatever kernel
 //!    modules it is handed and knows no kernel;
 //! 2. [`kernels`]: the embedded CUDA kernels, their typed identities and
-//!    launch wrappers (plain shapes, no model types); `Gpu::new`;
+//!    launch wrappers (plain shapes, no model types); `Gpu::new`; a user's
+//!    own kernels with typed handles ([`kernels::user`],
+//!    `Gpu::with_user_kernels`);
 //! 3. [`mamba3`]: the Mamba-3 SISO language model (CPU float64 oracle first,
 //!    GPU forward/backward generic over the compute type); [`optim`]: AdamW
 //!    with torch semantics over named tensors, knowing no model;
@@ -31,6 +33,9 @@
 //! 6. [`eval`]: a checkpoint's loss on a token set, behind `stepgraph eval`.
 //!
 //! The `stepgraph` binary wraps all of it: `train`, `eval`, `bench`, `check`.
+//! A training step of your own (its spec, struct, ops and kernels) needs
+//! only the public API: see the README's "Your own step" and
+//! `runtime/examples/mlp`.
 
 // The derive emits `::stepgraph::...` paths; this lets the crate use its own derive.
 extern crate self as stepgraph;

@@ -100,10 +100,11 @@ pub enum GpuError {
         reason: String,
     },
     /// NVRTC rejected a kernel source file.
-    #[error("NVRTC failed to compile kernels/{file}:\n{log}")]
+    #[error("NVRTC failed to compile {file}:\n{log}")]
     Compile {
-        /// The `.cu` file, relative to `kernels/`.
-        file: &'static str,
+        /// The module: `kernels/<file>` for the crate's own, the name or
+        /// path a user module was given otherwise.
+        file: String,
         /// NVRTC's log.
         log: String,
     },
@@ -234,10 +235,73 @@ pub enum GpuError {
         name: &'static str,
     },
     /// A kernel source contained an interior NUL byte.
-    #[error("kernel source kernels/{file} contains a NUL byte")]
+    #[error("kernel source {file} contains a NUL byte")]
     InvalidSource {
-        /// The `.cu` or `.cuh` file.
-        file: &'static str,
+        /// The `.cu` or `.cuh` file, named as in [`GpuError::Compile`].
+        file: String,
+    },
+    /// A user kernel source file could not be read.
+    #[error("cannot read kernel source {path}: {source}")]
+    ReadSource {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A user kernel set is malformed: a name declared twice or empty.
+    #[error("user kernels: {problem} `{name}`")]
+    UserKernelSet {
+        /// What is wrong (`kernel declared twice`, `empty kernel name`, ...).
+        problem: &'static str,
+        /// The kernel, module or header involved.
+        name: String,
+    },
+    /// A declared user kernel is not defined by its compiled module.
+    #[error(
+        "kernel `{kernel}` is not defined in {module} (a kernel must be `extern \"C\" __global__`, so its name is not mangled)"
+    )]
+    UserKernelNotFound {
+        /// The module, named as in [`GpuError::Compile`].
+        module: String,
+        /// The kernel's name.
+        kernel: String,
+    },
+    /// A user kernel's parameters (as the driver reads them from the
+    /// compiled code) do not match the parameter list its handle declares.
+    #[error(
+        "kernel `{kernel}` takes {} parameter(s) of {found:?} bytes, but its handle declares {} of {declared:?} bytes",
+        found.len(),
+        declared.len()
+    )]
+    KernelSignature {
+        /// The kernel's name.
+        kernel: String,
+        /// Byte sizes of the declared parameters, in order.
+        declared: Vec<usize>,
+        /// Byte sizes of the compiled kernel's parameters, in order.
+        found: Vec<usize>,
+    },
+    /// A user kernel handle was used with a context opened with another
+    /// kernel set (or with none).
+    #[error("kernel `{kernel}` does not belong to the kernel set this GPU context was opened with")]
+    ForeignKernel {
+        /// The kernel's name.
+        kernel: String,
+    },
+    /// A user kernel launch's grid, block or shared memory is out of range.
+    #[error("launch of `{kernel}`: {what} = {value} is outside {min}..={max}")]
+    LaunchShape {
+        /// The kernel's name.
+        kernel: String,
+        /// Which dimension (`threads per block`, `blocks.y`, ...).
+        what: &'static str,
+        /// The value asked for.
+        value: u64,
+        /// The smallest allowed.
+        min: u64,
+        /// The largest allowed.
+        max: u64,
     },
     /// The kernel cache directory could not be used and caching was required.
     #[error("kernel cache at {path}: {source}")]
@@ -373,7 +437,7 @@ mod tests {
         };
         assert!(e.to_string().contains("compute capability 7.5"), "{e}");
         let e = GpuError::Compile {
-            file: "reduce.cu",
+            file: "kernels/reduce.cu".to_owned(),
             log: "error: expected a `;`".into(),
         };
         assert!(e.to_string().contains("kernels/reduce.cu"), "{e}");

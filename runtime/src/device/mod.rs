@@ -21,8 +21,10 @@
 //! 2. a dedicated non-blocking stream is created for all work (capture cannot
 //!    begin on the legacy default stream, and a non-blocking stream is not
 //!    serialised behind other libraries' work on it);
-//! 3. the given kernel modules are compiled (or read from the disk cache) and
-//!    every function is loaded eagerly;
+//! 3. the given kernel modules, then any user modules, are compiled (or read
+//!    from the disk cache) and every function is loaded eagerly
+//!    (`cuFuncLoad`); a user kernel's parameter layout is checked against
+//!    its handle's;
 //! 4. the cuBLAS handle is bound to the stream with a preallocated workspace;
 //! 5. every GEMM flavour runs once (warm-up), before any capture (the
 //!    kernels layer then warms up its own kernels).
@@ -52,7 +54,10 @@
 //! ```
 //!
 //! It must not allocate, download or synchronize (those calls fail during
-//! capture); buffers it needs are step buffers or context scratch.
+//! capture); buffers it needs are step buffers or context scratch. Kernels
+//! of the op's own launch through `kernels::user` handles, on the same
+//! stream; the stream itself is never handed out, so every call an op makes
+//! goes through these checks.
 
 mod blas;
 mod buffer;
@@ -62,6 +67,7 @@ mod modules;
 pub mod nvrtc;
 pub mod probe;
 mod scratch;
+mod user_modules;
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -73,7 +79,7 @@ pub use buffer::{DeviceBuffer, Element, PinnedBuffer};
 pub use error::{GpuError, checked_elems, to_i32, to_u32};
 pub use graph::GpuGraph;
 pub use modules::{Module, Modules};
-pub use nvrtc::{CacheOutcome, CachePolicy, CompileReport};
+pub use nvrtc::{CacheOutcome, CachePolicy, CompileReport, SourceText};
 pub use scratch::{GEMM_WORKSPACE, HALF_STAGING, REDUCE_PARTIALS, ScratchGuard};
 
 use blas::Blas;
@@ -81,6 +87,7 @@ use buffer::Shared;
 use error::During as _;
 use modules::FunctionTable;
 use scratch::ScratchSet;
+pub(crate) use user_modules::{UserFunction, UserModule, UserModules};
 
 /// Default size of the cuBLAS workspace: NVIDIA recommends 32 MiB on Hopper.
 pub const DEFAULT_GEMM_WORKSPACE: usize = 32 << 20;
@@ -149,8 +156,17 @@ impl Gpu {
     /// A context that compiles and loads `modules`; see the [module
     /// docs](self) for what happens, in order. (`Gpu::new` and
     /// `Gpu::with_options`, in [`crate::kernels`], open one with the crate's
-    /// kernels.)
+    /// kernels; `Gpu::with_user_kernels` adds a user's.)
     pub fn open(opts: GpuOptions, modules: &Modules) -> Result<Self, GpuError> {
+        Self::open_with(opts, modules, &UserModules::default())
+    }
+
+    /// [`Gpu::open`], also compiling and loading the `user` modules (step 3).
+    pub(crate) fn open_with(
+        opts: GpuOptions,
+        modules: &Modules,
+        user: &UserModules,
+    ) -> Result<Self, GpuError> {
         if !probe::driver_present() {
             return Err(GpuError::NoDriver {
                 tried: "libcuda.so, libcuda.so.1".to_owned(),
@@ -225,7 +241,7 @@ impl Gpu {
         }
 
         let cache_dir = opts.cache.resolve();
-        let kernels = FunctionTable::load(&ctx, modules, &arch, cache_dir.as_deref())?;
+        let kernels = FunctionTable::load(&ctx, modules, user, &arch, cache_dir.as_deref())?;
         let blas = Blas::new(&stream)?;
         let info = DeviceInfo {
             ordinal: opts.ordinal,
@@ -320,6 +336,18 @@ impl Gpu {
     /// A loaded function, by name, for launch wrappers in this crate.
     pub(crate) fn kernel(&self, name: &'static str) -> Result<&CudaFunction, GpuError> {
         self.kernels.get(name)
+    }
+
+    /// The user kernel declared `index`-th in user kernel set `set`, for
+    /// the user kernel handles of [`crate::kernels`]; a handle of another
+    /// set is [`GpuError::ForeignKernel`].
+    pub(crate) fn user_kernel(
+        &self,
+        set: u64,
+        index: usize,
+        name: &str,
+    ) -> Result<&CudaFunction, GpuError> {
+        self.kernels.user(set, index, name)
     }
 
     /// Runs `f` between two timing events on the capture stream and returns

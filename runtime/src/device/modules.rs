@@ -3,7 +3,8 @@
 //! The device layer knows no kernel: the layer above hands
 //! [`Gpu::open`](super::Gpu::open) its [`Modules`] (the `.cu` sources, the
 //! headers they include, and the functions each defines), and launch
-//! wrappers look functions up by name.
+//! wrappers look functions up by name. User modules, brought at run time,
+//! are loaded beside them ([`super::user_modules`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use cudarc::nvrtc::Ptx;
 use super::GpuError;
 use super::error::During as _;
 use super::nvrtc::{self, CompileReport, SourceFile};
+use super::user_modules::{UserModules, UserTable, force_load};
 
 /// One `.cu` file and the kernels it defines.
 #[derive(Clone, Copy, Debug)]
@@ -37,14 +39,17 @@ pub struct Modules {
 #[derive(Debug)]
 pub(crate) struct FunctionTable {
     funcs: Vec<(&'static str, CudaFunction)>,
+    user: UserTable,
     reports: Vec<CompileReport>,
 }
 
 impl FunctionTable {
-    /// Compiles (or reads from `cache`) and loads every module for `arch`.
+    /// Compiles (or reads from `cache`) and loads every module for `arch`,
+    /// then the `user` modules (which may include `set`'s headers).
     pub(crate) fn load(
         ctx: &Arc<CudaContext>,
         set: &Modules,
+        user: &UserModules,
         arch: &str,
         cache: Option<&Path>,
     ) -> Result<Self, GpuError> {
@@ -59,18 +64,17 @@ impl FunctionTable {
                 let f = module
                     .load_function(name)
                     .during("look up a kernel in its module")?;
-                // SAFETY: `f` is a function handle of a module loaded just
-                // above and kept alive by `f` itself; cuFuncLoad only forces
-                // the lazy load that a first launch (maybe inside a capture)
-                // would otherwise do.
-                unsafe { cudarc::driver::sys::cuFuncLoad(f.cu_function()) }
-                    .result()
-                    .during("load a kernel before any capture (cuFuncLoad)")?;
+                force_load(&f)?;
                 funcs.push((*name, f));
             }
             reports.push(report);
         }
-        Ok(Self { funcs, reports })
+        let user = UserTable::load(ctx, user, set.headers, arch, cache, &mut reports)?;
+        Ok(Self {
+            funcs,
+            user,
+            reports,
+        })
     }
 
     /// The kernel called `name`.
@@ -80,6 +84,16 @@ impl FunctionTable {
             .find(|(n, _)| *n == name)
             .map(|(_, f)| f)
             .ok_or(GpuError::MissingKernel { name })
+    }
+
+    /// The user kernel declared `index`-th in user set `set`.
+    pub(crate) fn user(
+        &self,
+        set: u64,
+        index: usize,
+        name: &str,
+    ) -> Result<&CudaFunction, GpuError> {
+        self.user.get(set, index, name)
     }
 
     /// How each module was obtained.

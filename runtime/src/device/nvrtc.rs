@@ -81,8 +81,9 @@ pub enum CacheOutcome {
 /// What obtaining one kernel module cost.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompileReport {
-    /// The `.cu` file, relative to `kernels/`.
-    pub file: &'static str,
+    /// The module as messages name it: `kernels/<file>` for the crate's own
+    /// files, the name or path a user module was given for the others.
+    pub file: String,
     /// Hit, miss, ...
     pub outcome: CacheOutcome,
     /// Wall time to obtain the CUBIN (read or compile), in milliseconds.
@@ -99,21 +100,80 @@ impl std::fmt::Display for CompileReport {
             CacheOutcome::MissNotStored => "miss-not-stored",
             CacheOutcome::Disabled => "disabled",
         };
-        write!(
-            f,
-            "kernels/{}: cache={outcome} {:.1} ms",
-            self.file, self.millis
-        )
+        write!(f, "{}: cache={outcome} {:.1} ms", self.file, self.millis)
     }
 }
 
-/// One `.cu` file as compiled: its text and the headers it may include.
+/// One of the crate's own `.cu`/`.cuh` files, embedded in the binary.
 #[derive(Clone, Copy, Debug)]
 pub struct SourceFile {
     /// File name relative to `kernels/`.
     pub file: &'static str,
     /// The source text.
     pub src: &'static str,
+}
+
+/// What NVRTC compiles or serves to an `#include`: the crate's embedded
+/// [`SourceFile`]s and the owned [`SourceText`] of a user module go through
+/// the same compile and cache path.
+pub trait Source {
+    /// The name NVRTC compiles it under; `#include "<file>"` finds a header
+    /// by it, and the cache key covers it.
+    fn file(&self) -> &str;
+    /// The source text.
+    fn src(&self) -> &str;
+    /// How reports and errors name it.
+    fn label(&self) -> String;
+}
+
+impl Source for SourceFile {
+    fn file(&self) -> &str {
+        self.file
+    }
+    fn src(&self) -> &str {
+        self.src
+    }
+    fn label(&self) -> String {
+        format!("kernels/{}", self.file)
+    }
+}
+
+impl<S: Source + ?Sized> Source for &S {
+    fn file(&self) -> &str {
+        (**self).file()
+    }
+    fn src(&self) -> &str {
+        (**self).src()
+    }
+    fn label(&self) -> String {
+        (**self).label()
+    }
+}
+
+/// A source held at run time: a user's kernel module or header, given as a
+/// string or read from a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceText {
+    /// The name NVRTC compiles it under (for a header: the name the
+    /// modules `#include`).
+    pub file: String,
+    /// The source text.
+    pub src: String,
+    /// How reports and errors name it (the path it was read from, or the
+    /// name it was given).
+    pub label: String,
+}
+
+impl Source for SourceText {
+    fn file(&self) -> &str {
+        &self.file
+    }
+    fn src(&self) -> &str {
+        &self.src
+    }
+    fn label(&self) -> String {
+        self.label.clone()
+    }
 }
 
 /// The NVRTC version, as `(major, minor)`.
@@ -155,9 +215,9 @@ pub fn compile_options(arch: &str) -> Vec<String> {
 }
 
 /// The cache key of `file` compiled with `options` for `arch` by NVRTC `nvrtc`.
-pub fn cache_key(
-    file: &SourceFile,
-    headers: &[SourceFile],
+pub fn cache_key<S: Source + ?Sized, H: Source>(
+    file: &S,
+    headers: &[H],
     options: &[String],
     arch: &str,
     nvrtc: (i32, i32),
@@ -169,11 +229,11 @@ pub fn cache_key(
         h.update(bytes);
     };
     field(b"stepgraph-kernel-cache-v1");
-    field(file.file.as_bytes());
-    field(file.src.as_bytes());
+    field(file.file().as_bytes());
+    field(file.src().as_bytes());
     for hdr in headers {
-        field(hdr.file.as_bytes());
-        field(hdr.src.as_bytes());
+        field(hdr.file().as_bytes());
+        field(hdr.src().as_bytes());
     }
     for o in options {
         field(o.as_bytes());
@@ -187,9 +247,22 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The cache file for `file` under `dir`.
-pub fn cache_path(dir: &Path, file: &SourceFile, arch: &str, key: &str) -> PathBuf {
-    let stem = file.file.trim_end_matches(".cu");
+/// The cache file for `file` under `dir`. A user module's name may hold
+/// any characters; the stem keeps only those safe in a file name (the key
+/// alone makes the entry unique).
+pub fn cache_path<S: Source + ?Sized>(dir: &Path, file: &S, arch: &str, key: &str) -> PathBuf {
+    let stem: String = file
+        .file()
+        .trim_end_matches(".cu")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     let short = key.get(..32).unwrap_or(key);
     dir.join(format!("{stem}-{arch}-{short}.cubin"))
 }
@@ -228,9 +301,9 @@ fn store(path: &Path, cubin: &[u8]) -> std::io::Result<()> {
 }
 
 /// Returns the CUBIN of `file`, from the cache or freshly compiled.
-pub fn obtain_cubin(
-    file: &SourceFile,
-    headers: &[SourceFile],
+pub fn obtain_cubin<S: Source + ?Sized, H: Source>(
+    file: &S,
+    headers: &[H],
     arch: &str,
     cache: Option<&Path>,
 ) -> Result<(Vec<u8>, CompileReport), GpuError> {
@@ -244,7 +317,7 @@ pub fn obtain_cubin(
         && let Some(cubin) = decode_entry(&bytes)
     {
         let report = CompileReport {
-            file: file.file,
+            file: file.label(),
             outcome: CacheOutcome::Hit,
             millis: ms(start),
             path,
@@ -263,7 +336,7 @@ pub fn obtain_cubin(
     Ok((
         cubin,
         CompileReport {
-            file: file.file,
+            file: file.label(),
             outcome,
             millis: ms(start),
             path,
@@ -286,32 +359,32 @@ impl Drop for Program {
     }
 }
 
-fn cstring(file: &'static str, s: &str) -> Result<CString, GpuError> {
-    CString::new(s).map_err(|_| GpuError::InvalidSource { file })
+fn cstring<S: Source + ?Sized>(file: &S, s: &str) -> Result<CString, GpuError> {
+    CString::new(s).map_err(|_| GpuError::InvalidSource { file: file.label() })
 }
 
 /// Compiles `file` to a CUBIN with NVRTC; `headers` are served to its
 /// `#include "..."` lines from memory.
-pub fn compile(
-    file: &SourceFile,
-    headers: &[SourceFile],
+pub fn compile<S: Source + ?Sized, H: Source>(
+    file: &S,
+    headers: &[H],
     options: &[String],
 ) -> Result<Vec<u8>, GpuError> {
-    let src = cstring(file.file, file.src)?;
-    let name = cstring(file.file, file.file)?;
+    let src = cstring(file, file.src())?;
+    let name = cstring(file, file.file())?;
     let hdr_srcs = headers
         .iter()
-        .map(|h| cstring(h.file, h.src))
+        .map(|h| cstring(h, h.src()))
         .collect::<Result<Vec<_>, _>>()?;
     let hdr_names = headers
         .iter()
-        .map(|h| cstring(h.file, h.file))
+        .map(|h| cstring(h, h.file()))
         .collect::<Result<Vec<_>, _>>()?;
     let hdr_src_ptrs: Vec<*const c_char> = hdr_srcs.iter().map(|s| s.as_ptr()).collect();
     let hdr_name_ptrs: Vec<*const c_char> = hdr_names.iter().map(|s| s.as_ptr()).collect();
     let opts = options
         .iter()
-        .map(|o| cstring(file.file, o))
+        .map(|o| cstring(file, o))
         .collect::<Result<Vec<_>, _>>()?;
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|s| s.as_ptr()).collect();
     let n_headers = c_int::try_from(headers.len()).map_err(|_| GpuError::SizeOverflow {
@@ -349,7 +422,7 @@ pub fn compile(
     if compiled != nv::nvrtcResult::NVRTC_SUCCESS {
         let log = program_log(&prog).unwrap_or_else(|e| format!("(no log: {e})"));
         return Err(GpuError::Compile {
-            file: file.file,
+            file: file.label(),
             log: format!("{log}\n(nvrtc: {compiled:?})"),
         });
     }
@@ -447,6 +520,20 @@ mod tests {
             p,
             PathBuf::from(format!("/c/a-sm_90-{}.cubin", "ab".repeat(16)))
         );
+        let user = SourceText {
+            file: "my kernels/mlp v2.cu".to_owned(),
+            src: String::new(),
+            label: "examples/mlp v2.cu".to_owned(),
+        };
+        assert_eq!(
+            cache_path(Path::new("/c"), &user, "sm_90", &key),
+            PathBuf::from(format!(
+                "/c/my_kernels_mlp_v2-sm_90-{}.cubin",
+                "ab".repeat(16)
+            ))
+        );
+        assert_eq!(A.label(), "kernels/a.cu");
+        assert_eq!(user.label(), "examples/mlp v2.cu");
     }
 
     #[test]
@@ -481,7 +568,7 @@ mod tests {
     #[test]
     fn report_line_shows_outcome_and_time() {
         let r = CompileReport {
-            file: "reduce.cu",
+            file: "kernels/reduce.cu".to_owned(),
             outcome: CacheOutcome::Hit,
             millis: 1.26,
             path: None,

@@ -113,6 +113,12 @@ impl<T: Element> ScratchGuard<'_, T> {
             .ok_or(GpuError::CaptureState("scratch area not allocated"))
     }
 
+    /// True when the area belongs to `gpu` (a guard of another context's
+    /// area must not reach this context's kernels).
+    pub(crate) fn belongs_to(&self, gpu: &Gpu) -> bool {
+        self.buf.as_ref().is_some_and(|b| b.belongs_to(gpu))
+    }
+
     /// The view, for a launch builder argument.
     pub(crate) fn view_mut(&mut self) -> Result<CudaViewMut<'_, T>, GpuError> {
         let len = self.len;

@@ -1,10 +1,11 @@
-//! Opening a context with this crate's kernels: `Gpu::new` and
-//! `Gpu::with_options` live here, above the device layer, because only this
-//! layer knows the kernels (the device layer compiles and loads whatever
-//! [`Modules`] it is handed).
+//! Opening a context with this crate's kernels: `Gpu::new`,
+//! `Gpu::with_options` and `Gpu::with_user_kernels` live here, above the
+//! device layer, because only this layer knows the kernels (the device layer
+//! compiles and loads whatever [`Modules`] it is handed).
 
 use crate::device::{Gpu, GpuError, GpuOptions, Modules, REDUCE_PARTIALS};
 
+use super::user::UserKernels;
 use super::{HEADERS, MODULES};
 
 /// Every module of [`MODULES`], with [`HEADERS`].
@@ -27,13 +28,26 @@ impl Gpu {
     /// ([`Gpu::open`] with [`KERNELS`]): the reduction partials are presized
     /// and every kernel runs once (warm-up), before any capture.
     pub fn with_options(opts: GpuOptions) -> Result<Self, GpuError> {
-        let gpu = Self::open(opts, &KERNELS)?;
-        let partials = std::mem::size_of::<f32>()
-            .saturating_mul(usize::try_from(super::reduce::MAX_PARTIALS).unwrap_or(usize::MAX));
-        gpu.presize_scratch(REDUCE_PARTIALS, partials)?;
-        warm_up(&gpu)?;
-        Ok(gpu)
+        ready(Self::open(opts, &KERNELS)?)
     }
+
+    /// A context with the crate's kernels and the `user` kernels (see
+    /// [`crate::kernels::user`]): every user module is compiled (or read
+    /// from the kernel cache) and every declared kernel loaded and checked
+    /// against its handle's parameter list, before this returns; the
+    /// handles `user` gave out launch on this context.
+    pub fn with_user_kernels(opts: GpuOptions, user: &UserKernels) -> Result<Self, GpuError> {
+        ready(Self::open_with(opts, &KERNELS, user.modules())?)
+    }
+}
+
+/// Presizes the reduction partials and warms the crate's kernels up.
+fn ready(gpu: Gpu) -> Result<Gpu, GpuError> {
+    let partials = std::mem::size_of::<f32>()
+        .saturating_mul(usize::try_from(super::reduce::MAX_PARTIALS).unwrap_or(usize::MAX));
+    gpu.presize_scratch(REDUCE_PARTIALS, partials)?;
+    warm_up(&gpu)?;
+    Ok(gpu)
 }
 
 /// Runs the generic kernels once, eagerly, then synchronizes: their modules

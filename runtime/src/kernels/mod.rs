@@ -34,6 +34,15 @@
 //!    [`launch::grid`], push arguments in the kernel's order, and launch
 //!    inside an `unsafe` block whose `// SAFETY:` names the lengths checked.
 //! 4. Test it against a host computation in `runtime/tests/gpu_kernels.rs`.
+//!
+//! # Your own kernels
+//!
+//! Kernels outside this crate do not go in [`MODULES`]: [`user`] declares
+//! them at run time (a source string or file, its entry points, each with
+//! its parameter list as a type, [`user_params`]) and
+//! [`Gpu::with_user_kernels`](crate::device::Gpu::with_user_kernels) opens
+//! a context that compiles, caches and loads them through the same path,
+//! handing back typed [`UserKernel`](user::UserKernel) handles.
 
 mod context;
 pub mod elementwise;
@@ -47,6 +56,8 @@ pub mod optim;
 pub mod precision;
 pub mod reduce;
 pub mod train;
+pub mod user;
+pub mod user_params;
 
 pub use context::KERNELS;
 pub use elementwise::{add_one, axpy, bf16_to_f32, f32_to_bf16, fill, mul, silu};
