@@ -567,7 +567,8 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
 // a quarter of them) with m3c_warp_cumsum, so decays agree bit for bit with
 // the chunk kernels and their loads sit outside the walk. At most 80
 // registers a thread (six blocks an SM): at M's shape every block of a
-// launch is resident at once, so the serial walks all run in one wave. Needs N <= M3C_SW_WARPS * M3C_JOB_COLS (the wrapper
+// launch is resident at once, so the serial walks all run in one wave
+// (see m3c_states_wide for larger launches). Needs N <= M3C_SW_WARPS * M3C_JOB_COLS (the wrapper
 // checks and falls back to the two-kernel form otherwise).
 #define M3C_SW_WARPS 4
 #define M3C_SW_THREADS (32 * M3C_SW_WARPS)
@@ -577,10 +578,10 @@ extern "C" __global__ void __launch_bounds__(M3C_PASS_THREADS)
 // pairs, with C <= 64 and N <= 128.
 #define M3C_SW_YPRE (M3C_MAX_TILE * (M3C_SW_WARPS * M3C_JOB_COLS) / 8 / M3C_SW_THREADS)
 #define M3C_SW_XPRE (M3C_MAX_TILE * 8 / M3C_SW_THREADS)
-extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS, 6)
-    m3c_states(const float* __restrict__ x, unsigned x_stride, unsigned x_off, const m3c_bf* __restrict__ yv,
-               const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
-               m3c_bf* __restrict__ out, M3Dims d, unsigned dir) {
+__device__ __forceinline__ void m3c_states_body(const float* __restrict__ x, unsigned x_stride, unsigned x_off,
+                                                const m3c_bf* __restrict__ yv, const float* __restrict__ dt,
+                                                const float* __restrict__ adt, const float* __restrict__ lam,
+                                                m3c_bf* __restrict__ out, const M3Dims& d, unsigned dir) {
     extern __shared__ __align__(16) unsigned char m3c_sm[];
     const unsigned P = d.headdim, N = d.d_state, C = d.chunk, nc = d.nchunks;
     const unsigned XS = 16 + M3C_PAD, NS = N + M3C_PAD;
@@ -591,7 +592,17 @@ extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS, 6)
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const unsigned n0 = warp * M3C_JOB_COLS, ncols = n0 < N ? min(M3C_JOB_COLS, N - n0) : 0;
     const unsigned long long hn = (unsigned long long)d.nheads * N;
-    const unsigned n8 = N / 8;
+    // Fixed per-thread places, so the walk does no index division: y rows
+    // in passes of `ypass` rows, this thread at row yr0 + j ypass, 8
+    // columns from yc (threads past ypass * N / 8 idle); x rows in passes
+    // of 16, row xr0 + 16 j, columns 2 xc, 2 xc + 1.
+    const unsigned n8 = N / 8, ypass = M3C_SW_THREADS / n8;
+    const unsigned yr0 = threadIdx.x / n8, yc = (threadIdx.x % n8) * 8;
+    const bool ylive = yr0 < ypass;
+    const unsigned xr0 = threadIdx.x / 8, xc = (threadIdx.x % 8) * 2;
+    const m3c_bf* ycol = yv + (unsigned long long)h * N + yc;
+    const float* xcol = x + x_off + (unsigned long long)h * P + p0 + xc;
+    const unsigned long long ystep = (unsigned long long)ypass * hn, xstep = 16ull * x_stride;
     uint4 ypre[M3C_SW_YPRE];
     float2 xpre[M3C_SW_XPRE];
     // Loads chunk c's y rows (C x N) and x rows (C x 16 from column p0 of
@@ -599,23 +610,23 @@ extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS, 6)
     auto fetch = [&](unsigned c) {
         const unsigned c0 = c * C, L = min(C, d.len - c0);
         const unsigned long long row0 = (unsigned long long)b * d.len + c0;
+        const m3c_bf* py = ycol + (row0 + yr0) * hn;
 #pragma unroll
         for (int j = 0; j < M3C_SW_YPRE; ++j) {
-            const unsigned i = threadIdx.x + j * M3C_SW_THREADS, r = i / n8;
             ypre[j] = make_uint4(0u, 0u, 0u, 0u);
-            if (r < L) {
-                ypre[j] = *reinterpret_cast<const uint4*>(yv + (row0 + r) * hn + (unsigned long long)h * N +
-                                                          (i % n8) * 8);
+            if (ylive && yr0 + j * ypass < L) {
+                ypre[j] = *reinterpret_cast<const uint4*>(py);
             }
+            py += ystep;
         }
+        const float* px = xcol + (row0 + xr0) * x_stride;
 #pragma unroll
         for (int j = 0; j < M3C_SW_XPRE; ++j) {
-            const unsigned i = threadIdx.x + j * M3C_SW_THREADS, r = i / 8;
             xpre[j] = make_float2(0.0f, 0.0f);
-            if (r < L) {
-                const float* px = x + (row0 + r) * x_stride + x_off + (unsigned long long)h * P + p0 + (i % 8) * 2;
+            if (xr0 + 16 * j < L) {
                 xpre[j] = make_float2(px[0], px[1]);
             }
+            px += xstep;
         }
     };
     M3cAcc acc;
@@ -656,17 +667,17 @@ extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS, 6)
         const float* w = win + kk * (C + 1);
 #pragma unroll
         for (int j = 0; j < M3C_SW_YPRE; ++j) {
-            const unsigned i = threadIdx.x + j * M3C_SW_THREADS, r = i / n8;
-            if (r < C) {
-                *reinterpret_cast<uint4*>(Y + r * NS + (i % n8) * 8) = ypre[j];
+            const unsigned r = yr0 + j * ypass;
+            if (ylive && r < C) {
+                *reinterpret_cast<uint4*>(Y + r * NS + yc) = ypre[j];
             }
         }
 #pragma unroll
         for (int j = 0; j < M3C_SW_XPRE; ++j) {
-            const unsigned i = threadIdx.x + j * M3C_SW_THREADS, r = i / 8;
+            const unsigned r = xr0 + 16 * j;
             if (r < C) {
                 const float s = w[r];
-                *reinterpret_cast<unsigned*>(X + r * XS + (i % 8) * 2) = m3c_pack(s * xpre[j].x, s * xpre[j].y);
+                *reinterpret_cast<unsigned*>(X + r * XS + xc) = m3c_pack(s * xpre[j].x, s * xpre[j].y);
             }
         }
         // The registers are free again: the next chunk's loads go out
@@ -699,6 +710,24 @@ extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS, 6)
         }
         __syncthreads();
     }
+}
+
+// Two builds of the walk: at most 80 registers (six blocks an SM, a few
+// bytes spilled) for launches that then fit one wave, so every serial walk
+// runs at once; without the cap (fewer instructions) for launches that need
+// two waves either way. The wrapper picks by grid size.
+extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS, 6)
+    m3c_states(const float* __restrict__ x, unsigned x_stride, unsigned x_off, const m3c_bf* __restrict__ yv,
+               const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+               m3c_bf* __restrict__ out, M3Dims d, unsigned dir) {
+    m3c_states_body(x, x_stride, x_off, yv, dt, adt, lam, out, d, dir);
+}
+
+extern "C" __global__ void __launch_bounds__(M3C_SW_THREADS)
+    m3c_states_wide(const float* __restrict__ x, unsigned x_stride, unsigned x_off, const m3c_bf* __restrict__ yv,
+                    const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+                    m3c_bf* __restrict__ out, M3Dims d, unsigned dir) {
+    m3c_states_body(x, x_stride, x_off, yv, dt, adt, lam, out, d, dir);
 }
 
 // Every chunk's outputs, given the state entering it:

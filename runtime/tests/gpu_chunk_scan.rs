@@ -211,7 +211,12 @@ fn chunk_scan_matches_the_scalar_scan() {
         (cfg(32, 16, 16, 2), 2, 77),
         (cfg(128, 64, 64, 1), 2, 1024),
         (cfg(160, 16, 32, 1), 2, 150),
+        (cfg(32, 16, 32, 1), 64, 40),
     ];
+    // The last case launches 1024 walk blocks: more than one wave of the
+    // 80-register build, so it runs the uncapped one (on GPUs below 171
+    // SMs; the H200 has 132).
+    let mut wide = false;
     let mut worst = (0.0f64, 1.0f64);
     for (i, (c, batch, len)) in cases.iter().enumerate() {
         let seed = 100 + u64::try_from(i).expect("index");
@@ -223,6 +228,8 @@ fn chunk_scan_matches_the_scalar_scan() {
             sh.d_state <= 128,
             "case {i}: which state walk"
         );
+        let sms = usize::try_from(gpu.info().sm_count).expect("SM count");
+        wide |= kc::states_kernel(&sh, sms) == stepgraph::kernels::Kernel::M3cStatesWide;
         let dy = gpu
             .to_device(&random(seed + 7, sh.rows * sh.d_inner, 1.0))
             .expect("dy");
@@ -273,6 +280,7 @@ fn chunk_scan_matches_the_scalar_scan() {
         "worst over all outputs: rel {:.2e}, cos {:.7}",
         worst.0, worst.1
     );
+    assert!(wide, "no case ran the uncapped state walk build");
 }
 
 #[test]

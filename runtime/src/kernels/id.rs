@@ -74,6 +74,8 @@ pub enum Kernel {
     M3cStatePass,
     /// `m3c_states`.
     M3cStates,
+    /// `m3c_states_wide`.
+    M3cStatesWide,
     /// `m3c_scan_out`.
     M3cScanOut,
     /// `m3c_scan_bwd`.
@@ -156,6 +158,7 @@ impl Kernel {
         Kernel::M3cChunkState,
         Kernel::M3cStatePass,
         Kernel::M3cStates,
+        Kernel::M3cStatesWide,
         Kernel::M3cScanOut,
         Kernel::M3cScanBwd,
         Kernel::M3CeBwdF32,
@@ -212,6 +215,7 @@ impl Kernel {
             Kernel::M3cChunkState => "m3c_chunk_state",
             Kernel::M3cStatePass => "m3c_state_pass",
             Kernel::M3cStates => "m3c_states",
+            Kernel::M3cStatesWide => "m3c_states_wide",
             Kernel::M3cScanOut => "m3c_scan_out",
             Kernel::M3cScanBwd => "m3c_scan_bwd",
             Kernel::M3CeBwdF32 => "m3_ce_bwd_f32",

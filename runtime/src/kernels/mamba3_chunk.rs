@@ -90,6 +90,24 @@ pub fn one_kernel_states(sh: &Mamba3Shape) -> bool {
     supported(sh) && sh.d_state <= warps * JOB_COLS
 }
 
+/// Blocks an SM holds of `m3c_states`, the walk built for at most 80
+/// registers (`__launch_bounds__(M3C_SW_THREADS, 6)`).
+const STATES_BLOCKS_PER_SM: usize = 6;
+
+/// The build of the one-kernel walk for shape `sh` on `sms` SMs:
+/// `m3c_states` (80 registers, six blocks an SM) when its launch then fits
+/// one wave, so every serial walk runs at once; else `m3c_states_wide`
+/// (no register cap, no spills, fewer instructions), as two waves are
+/// needed either way.
+pub fn states_kernel(sh: &Mamba3Shape, sms: usize) -> Kernel {
+    let blocks = (sh.headdim / STATES_ROWS) * sh.batch * sh.nheads;
+    if blocks <= STATES_BLOCKS_PER_SM * sms {
+        Kernel::M3cStates
+    } else {
+        Kernel::M3cStatesWide
+    }
+}
+
 /// Elements of the f32 working memory the state walk needs: none (one,
 /// so the buffer exists) when [`one_kernel_states`] takes the shape.
 pub fn own_elems(sh: &Mamba3Shape) -> usize {
@@ -253,7 +271,8 @@ fn states_and_walk(
             block_dim: (STATES_THREADS, 1, 1),
             shared_mem_bytes: to_u32("chunk scan: state walk shared memory", states_smem(sh))?,
         };
-        let f = gpu.function(Kernel::M3cStates)?;
+        let sms = usize::try_from(gpu.info().sm_count).unwrap_or(1);
+        let f = gpu.function(states_kernel(sh, sms))?;
         let mut b = gpu.stream().launch_builder(f);
         b.arg(xb.slice()?).arg(&stride).arg(&off).arg(y.slice()?);
         b.arg(dt.slice()?).arg(adt.slice()?).arg(lam.slice()?);
@@ -422,6 +441,9 @@ mod tests {
         assert!(src.contains(&format!("#define M3C_MAX_TILE {MAX_TILE}")));
         assert!(src.contains("#define M3C_SW_THREADS (32 * M3C_SW_WARPS)"));
         assert!(src.contains(&format!("#define M3C_SW_WIN {STATES_WINDOW}")));
+        assert!(src.contains(&format!(
+            "__launch_bounds__(M3C_SW_THREADS, {STATES_BLOCKS_PER_SM})"
+        )));
         assert!(src.contains(&format!("#define M3C_SW_WARPS {}", STATES_THREADS / 32)));
         assert!(src.contains("#define M3C_WARPS (M3C_THREADS / 32)"));
         assert_eq!(usize::try_from(CHUNK_THREADS / 32).ok(), Some(WARPS));
@@ -429,6 +451,21 @@ mod tests {
 
     fn shape(d_state: usize, headdim: usize, chunk: usize) -> Mamba3Shape {
         crate::kernels::mamba3::test_shape(d_state, headdim, chunk, 2, 300)
+    }
+
+    #[test]
+    fn the_walk_build_follows_the_wave_count() {
+        // B 8, H 8, P 64: 256 blocks, one wave on 132 SMs, not on one.
+        let m = crate::kernels::mamba3::test_shape(128, 64, 64, 8, 1024);
+        let blocks = (m.headdim / 16) * m.batch * m.nheads;
+        let want = if blocks <= 6 * 132 {
+            Kernel::M3cStates
+        } else {
+            Kernel::M3cStatesWide
+        };
+        assert_eq!(states_kernel(&m, 132), want);
+        assert_eq!(states_kernel(&m, 1), Kernel::M3cStatesWide);
+        assert_eq!(states_kernel(&m, 10_000), Kernel::M3cStates);
     }
 
     #[test]

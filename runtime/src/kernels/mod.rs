@@ -144,6 +144,7 @@ pub const MODULES: &[Module] = &[
             "m3c_chunk_state",
             "m3c_state_pass",
             "m3c_states",
+            "m3c_states_wide",
             "m3c_scan_out",
             "m3c_scan_bwd",
         ],
