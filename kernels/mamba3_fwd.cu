@@ -165,6 +165,25 @@ extern "C" __global__ void __launch_bounds__(M3_ANGLE_THREADS)
     }
 }
 
+// Standard RoPE, the rotation ablation with input-independent angles:
+// phi[row, h, s] = ((t + 1) omega_s) mod 2 pi, omega_s = base^(-s / S),
+// t = row % T. It is m3_angle_fwd_f32's cumsum with every dt_t theta_t
+// replaced by the constant omega_s, so the same for every head and input;
+// in double, like that cumsum, so the wrap keeps the angle's low bits.
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_angle_fixed_f32(float* __restrict__ phi, double base, M3Dims d) {
+    const double two_pi = 6.283185307179586476925;
+    const unsigned long long hs = (unsigned long long)d.nheads * d.angles;
+    const unsigned long long n = (unsigned long long)d.rows * hs;
+    SG_FOR_EACH(i, n) {
+        const unsigned s = (unsigned)(i % d.angles);
+        const unsigned long long row = i / hs;
+        const double steps = (double)(row % d.len + 1);
+        const double v = steps * pow(base, -(double)s / (double)d.angles);
+        phi[i] = (float)(v - two_pi * floor(v / two_pi));
+    }
+}
+
 // One warp per (row, head), one lane per interleaved pair: the biased,
 // normalised key/query of the head's group, their unrotated dot product, and
 // the rotation of the first S pairs by +phi, stored as Q (f32, or bf16 in

@@ -30,11 +30,13 @@
 //!    checkpoints and the training loop behind `stepgraph train`;
 //!    [`bench`](mod@bench): step time, tokens/s, MFU and cold start behind
 //!    `stepgraph bench`;
-//! 6. [`eval`]: a checkpoint's loss on a token set, behind `stepgraph eval`.
+//! 6. [`eval`]: a checkpoint's loss on a token set, behind `stepgraph eval`;
+//!    [`repro`]: a paper's table in one command (`stepgraph repro
+//!    state-tracking`: many training runs at once, the table, plots).
 //!
-//! The `stepgraph` binary wraps all of it: `train`, `eval`, `bench`, `check`.
-//! A training step of your own (its spec, struct, ops and kernels) needs
-//! only the public API: see the README's "Your own step" and
+//! The `stepgraph` binary wraps all of it: `train`, `eval`, `bench`, `check`,
+//! `repro`. A training step of your own (its spec, struct, ops and kernels)
+//! needs only the public API: see the README's "Your own step" and
 //! `runtime/examples/mlp`.
 
 // The derive emits `::stepgraph::...` paths; this lets the crate use its own derive.
@@ -48,6 +50,7 @@ pub mod graph;
 pub mod kernels;
 pub mod mamba3;
 pub mod optim;
+pub mod repro;
 pub mod step;
 pub mod train;
 

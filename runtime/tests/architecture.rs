@@ -9,7 +9,7 @@
 //! model, the model-agnostic optimizer; neither uses the other); `step` (the
 //! training step joining them); `train` and `bench` (engines, loop, timing;
 //! neither uses the other); `eval` (scoring a checkpoint, reading data as
-//! `train` does). The binary (`src/bin`) sits on top and uses the library
+//! `train` does) and `repro` (a paper's table from many training runs). The binary (`src/bin`) sits on top and uses the library
 //! from outside.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,6 +29,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("train", 5),
     ("bench", 5),
     ("eval", 6),
+    ("repro", 6),
 ];
 
 /// Items `lib.rs` re-exports at the crate root, and the layer they live in.

@@ -12,8 +12,8 @@ use stepgraph::train::checkpoint::{self, TrainState};
 use stepgraph::train::data::{DataSpec, Task};
 use stepgraph::train::report::ProgressMode;
 use stepgraph::train::{
-    Decay, Device, EngineState, ModelSize, Resume, RunConfig, RunStatus, Setting, Stop, TrainError,
-    TrainOptions, train,
+    Decay, Device, EngineState, ModelSize, Resume, Rotation, RunConfig, RunStatus, Setting, Stop,
+    TrainError, TrainOptions, train,
 };
 
 fn run_config(steps: u64) -> RunConfig {
@@ -31,7 +31,7 @@ fn run_config(steps: u64) -> RunConfig {
             headdim: 4,
             expand: 2,
             full_rope: false,
-            rotation: true,
+            rotation: Rotation::Data,
             a_activation: AActivation::HeavyTail,
         },
         device: Device::Cpu,
@@ -59,6 +59,7 @@ fn options(run_dir: &Path, steps: u64) -> TrainOptions {
         resume: None,
         stop_after: None,
         progress: ProgressMode::Quiet,
+        log_dynamics: false,
     }
 }
 
@@ -73,6 +74,7 @@ fn resume(run: &Path, typed: RunConfig, given: Vec<Setting>) -> TrainOptions {
         }),
         stop_after: None,
         progress: ProgressMode::Quiet,
+        log_dynamics: false,
     }
 }
 
@@ -176,9 +178,12 @@ fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
     };
     refused(typed, Setting::TrainLen);
     let mut typed = run_config(4);
-    typed.model.rotation = false;
-    let msg = refused(typed, Setting::NoRotation);
-    assert!(msg.contains("has `no --no-rotation`"), "{msg}");
+    typed.model.rotation = Rotation::None;
+    let msg = refused(typed, Setting::Rotation);
+    assert!(
+        msg.contains("has `--rotation data`, this command says `--rotation none`"),
+        "{msg}"
+    );
     // The same value typed again is no change.
     let again = train(&resume(&run, run_config(2), vec![Setting::Steps]), &stop).unwrap();
     assert_eq!(again.status, RunStatus::AlreadyFinished);

@@ -40,6 +40,8 @@ pub enum Kernel {
     M3PrepF32,
     /// `m3_angle_fwd_f32`.
     M3AngleFwdF32,
+    /// `m3_angle_fixed_f32`.
+    M3AngleFixedF32,
     /// `m3_qk_fwd_f32`.
     M3QkFwdF32,
     /// `m3_qk_fwd_bf16qk`.
@@ -142,6 +144,7 @@ impl Kernel {
         Kernel::M3RmsnormFwdF32,
         Kernel::M3PrepF32,
         Kernel::M3AngleFwdF32,
+        Kernel::M3AngleFixedF32,
         Kernel::M3QkFwdF32,
         Kernel::M3QkFwdBf16qk,
         Kernel::M3QkFwdVecF32,
@@ -199,6 +202,7 @@ impl Kernel {
             Kernel::M3RmsnormFwdF32 => "m3_rmsnorm_fwd_f32",
             Kernel::M3PrepF32 => "m3_prep_f32",
             Kernel::M3AngleFwdF32 => "m3_angle_fwd_f32",
+            Kernel::M3AngleFixedF32 => "m3_angle_fixed_f32",
             Kernel::M3QkFwdF32 => "m3_qk_fwd_f32",
             Kernel::M3QkFwdBf16qk => "m3_qk_fwd_bf16qk",
             Kernel::M3QkFwdVecF32 => "m3_qk_fwd_vec_f32",

@@ -17,7 +17,7 @@ use crate::device::{DeviceBuffer, Element, Gpu, GpuError, to_u32};
 
 #[cfg(test)]
 pub(crate) use super::mamba3_shape::test_shape;
-pub use super::mamba3_shape::{DecayMap, M3Dims, Mamba3Shape, ProjLayout};
+pub use super::mamba3_shape::{AngleSource, DecayMap, M3Dims, Mamba3Shape, ProjLayout};
 
 /// Fails unless `buf` holds at least `need` elements.
 pub(crate) fn need<T: Element>(
@@ -220,6 +220,27 @@ pub fn angle_fwd(
     // all three lengths checked, and the block size is the kernel's
     // M3_ANGLE_THREADS (its static shared tile is sized by it).
     unsafe { b.launch(angle_blocks(sh)?) }.during("launch m3_angle_fwd_f32")?;
+    Ok(())
+}
+
+/// `phi = ((t + 1) base^(-s / S)) mod 2 pi` for every row, head and pair:
+/// the fixed angles of standard RoPE ([`AngleSource::Fixed`]), in place of
+/// [`angle_fwd`].
+pub fn angle_fixed(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    base: f64,
+    phi: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    let d = sh.dims()?;
+    let n = sh.per_row(sh.nheads * sh.angles)?;
+    need(gpu, "angle_fixed: phi", phi, n)?;
+    let f = gpu.function(Kernel::M3AngleFixedF32)?;
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(phi.slice_mut()?).arg(&base).arg(&d);
+    // SAFETY: writes phi[0 .. rows x H x S), whose length was checked;
+    // argument order and types (float*, double, M3Dims) match the kernel.
+    unsafe { b.launch(thread_blocks(n)?) }.during("launch m3_angle_fixed_f32")?;
     Ok(())
 }
 

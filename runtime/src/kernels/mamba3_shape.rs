@@ -1,6 +1,6 @@
 //! The shape record every Mamba-3 kernel takes, [`Mamba3Shape`], and its
 //! by-value kernel argument [`M3Dims`]: plain numbers (with the kernel-side
-//! [`ProjLayout`] and [`DecayMap`]), so the kernels layer needs no model
+//! [`ProjLayout`], [`DecayMap`] and [`AngleSource`]), so the kernels layer needs no model
 //! type; the model builds a shape from its configuration
 //! (`mamba3::gpu::kernel_shape`).
 
@@ -41,6 +41,21 @@ pub enum DecayMap {
     HeavyTail,
     /// `softplus`.
     Softplus,
+}
+
+/// Where a mixer's rotation angles `phi` come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum AngleSource {
+    /// The cumulative sum of `dt_t theta_t` (Mamba-3's input-dependent
+    /// angles; `m3_angle_fwd_f32`).
+    #[default]
+    Cumsum,
+    /// Standard RoPE: `phi_t = (t + 1) base^(-s / S)` whatever the input
+    /// (`m3_angle_fixed_f32`); no parameter reaches `phi`.
+    Fixed {
+        /// The frequency base (10000 in RoPE).
+        base: f64,
+    },
 }
 
 /// Shapes of one model at one (batch, seq_len): everything a kernel needs to
@@ -84,6 +99,8 @@ pub struct Mamba3Shape {
     pub a_floor: f32,
     /// The map of `A = -max(f(dd_A), A_floor)`.
     pub a_activation: DecayMap,
+    /// Where the rotation angles come from.
+    pub angles_from: AngleSource,
 }
 
 impl Mamba3Shape {
@@ -215,5 +232,6 @@ pub(crate) fn test_shape(
         eps: 1e-5,
         a_floor: 1e-4,
         a_activation: DecayMap::HeavyTail,
+        angles_from: AngleSource::Cumsum,
     }
 }

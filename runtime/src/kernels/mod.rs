@@ -112,6 +112,7 @@ pub const MODULES: &[Module] = &[
             "m3_rmsnorm_fwd_f32",
             "m3_prep_f32",
             "m3_angle_fwd_f32",
+            "m3_angle_fixed_f32",
             "m3_qk_fwd_f32",
             "m3_qk_fwd_bf16qk",
             "m3_qk_fwd_vec_f32",

@@ -83,6 +83,46 @@ impl AActivation {
     }
 }
 
+/// Where the state rotation's angles come from.
+///
+/// Mamba-3's rotation is data-dependent: each token advances the angle of
+/// head `h`, pair `s` by `dt_t[h] * pi * tanh(angles_t[s])`. The paper's
+/// "standard RoPE" ablation (Table 5b) replaces that by data-independent
+/// angles: every token advances pair `s` by the fixed frequency
+/// `omega_s = 10000^(-s / S)` of rotary position embeddings (Su et al.),
+/// whatever the input and the head, so `phi_t = (t + 1) omega_s` and the
+/// angle projections are ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RopeAngles {
+    /// Input-dependent angles (Mamba-3, the official code).
+    #[default]
+    Data,
+    /// Fixed RoPE frequencies, independent of the input.
+    Fixed,
+}
+
+/// The base of the fixed RoPE frequencies (the standard 10000).
+pub const ROPE_BASE: f64 = 10_000.0;
+
+impl RopeAngles {
+    /// The name `config.json` uses (`ssm_cfg.rope_angles`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Data => "data",
+            Self::Fixed => "fixed",
+        }
+    }
+
+    /// Parses [`Self::name`]'s output.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "data" => Some(Self::Data),
+            "fixed" => Some(Self::Fixed),
+            _ => None,
+        }
+    }
+}
+
 /// How many of the `d_state` dims are rotated: half (the default) or all.
 ///
 /// The official module asserts `rope_fraction in [0.5, 1.0]`, so only these two
@@ -155,6 +195,8 @@ pub struct Mamba3Config {
     pub a_floor: f64,
     /// The `f` above: the official code's heavy-tail map or the paper's softplus.
     pub a_activation: AActivation,
+    /// Input-dependent rotation angles (Mamba-3) or fixed RoPE frequencies.
+    pub rope_angles: RopeAngles,
     /// Grouped RMSNorm (group = headdim) on y before the z gate.
     pub is_outproj_norm: bool,
     /// Chunk length of the chunked scan (official default 64).
@@ -187,6 +229,7 @@ impl Default for Mamba3Config {
             dt_init_floor: 1e-4,
             a_floor: 1e-4,
             a_activation: AActivation::HeavyTail,
+            rope_angles: RopeAngles::Data,
             is_outproj_norm: false,
             chunk_size: 64,
             norm_eps: 1e-5,
@@ -329,6 +372,19 @@ impl Mamba3Config {
             split -= 1;
         }
         split / 2
+    }
+
+    /// The fixed RoPE frequency of each rotated pair, `omega_s = ROPE_BASE^(-s / S)`
+    /// (used when [`Self::rope_angles`] is [`RopeAngles::Fixed`]).
+    pub fn rope_frequencies(&self) -> Vec<f64> {
+        let count = self.num_rope_angles();
+        let s_total = f64::from(u32::try_from(count).unwrap_or(u32::MAX)).max(1.0);
+        (0..count)
+            .map(|s| {
+                let s = f64::from(u32::try_from(s).unwrap_or(u32::MAX));
+                ROPE_BASE.powf(-s / s_total)
+            })
+            .collect()
     }
 
     /// Output width of `in_proj`: `[z, x, B, C, dd_dt, dd_A, trap, angles]`.

@@ -16,14 +16,16 @@
 //! model this implementation does not have (an MLP, attention layers,
 //! LayerNorm, MIMO) are errors naming the field, as are unknown fields.
 //!
-//! One key is this crate's own: `ssm_cfg.A_activation` (`"softplus"`) is
+//! Two keys are this crate's own: `ssm_cfg.A_activation` (`"softplus"`) is
 //! written only for a model that uses the paper's softplus decay map instead
-//! of the official heavy-tail one. The official module has no such argument
-//! and rejects the key, which is right: it would build a different model.
+//! of the official heavy-tail one, and `ssm_cfg.rope_angles` (`"fixed"`) only
+//! for the standard-RoPE ablation (fixed rotation frequencies). The official
+//! module has no such arguments and rejects the keys, which is right: they
+//! would build a different model.
 
 use serde_json::{Map, Value, json};
 
-use super::config::{AActivation, ConfigError, Mamba3Config, RopeFraction};
+use super::config::{AActivation, ConfigError, Mamba3Config, RopeAngles, RopeFraction};
 
 /// The RMSNorm epsilon the official `MambaConfig` cannot change (no field).
 const OFFICIAL_NORM_EPS: f64 = 1e-5;
@@ -73,6 +75,9 @@ pub fn config_to_json(cfg: &Mamba3Config) -> Result<Value, ConfigError> {
     });
     if cfg.a_activation != AActivation::HeavyTail {
         out["ssm_cfg"]["A_activation"] = json!(cfg.a_activation.name());
+    }
+    if cfg.rope_angles != RopeAngles::Data {
+        out["ssm_cfg"]["rope_angles"] = json!(cfg.rope_angles.name());
     }
     Ok(out)
 }
@@ -197,6 +202,11 @@ fn parse_ssm_cfg(v: &Value, cfg: &mut Mamba3Config) -> Result<(), ConfigError> {
                             format!("must be \"heavy_tail\" or \"softplus\", got {v}"),
                         )
                     })?;
+            }
+            "rope_angles" => {
+                cfg.rope_angles = v.as_str().and_then(RopeAngles::from_name).ok_or_else(|| {
+                    ConfigError::invalid(f, format!("must be \"data\" or \"fixed\", got {v}"))
+                })?;
             }
             "is_outproj_norm" => cfg.is_outproj_norm = flag(v, f)?,
             "is_mimo" => {

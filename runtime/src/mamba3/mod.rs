@@ -15,4 +15,6 @@ pub mod cpu;
 pub mod gpu;
 mod hf_config;
 
-pub use config::{AActivation, ConfigError, InProjLayout, Mamba3Config, RopeFraction};
+pub use config::{
+    AActivation, ConfigError, InProjLayout, Mamba3Config, ROPE_BASE, RopeAngles, RopeFraction,
+};

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::TrainError;
 use super::data::{DataFormat, DataSpec};
 use crate::Precision;
-use crate::mamba3::{AActivation, ConfigError, Mamba3Config, RopeFraction};
+use crate::mamba3::{AActivation, ConfigError, Mamba3Config, RopeAngles, RopeFraction};
 use crate::optim::DecayPolicy;
 
 /// `--device`.
@@ -75,6 +75,77 @@ impl Decay {
     }
 }
 
+/// `--rotation`: where the state rotation's angles come from (the three
+/// rows of the paper's Table 5b).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rotation {
+    /// Mamba-3's input-dependent angles.
+    Data,
+    /// Standard RoPE: fixed frequencies, independent of the input
+    /// ([`RopeAngles::Fixed`]); the angle rows of every `in_proj` start at
+    /// zero and never train (they would feed nothing).
+    Fixed,
+    /// No rotation (`--no-rotation`): the angle rows start at zero and never
+    /// train, so every angle stays 0.
+    None,
+}
+
+impl Rotation {
+    /// Every mode, in `--help` order.
+    pub const ALL: [Rotation; 3] = [Self::Data, Self::Fixed, Self::None];
+
+    /// The flag value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Data => "data",
+            Self::Fixed => "fixed",
+            Self::None => "none",
+        }
+    }
+
+    /// The model's angle source.
+    pub fn angles(self) -> RopeAngles {
+        match self {
+            Self::Fixed => RopeAngles::Fixed,
+            Self::Data | Self::None => RopeAngles::Data,
+        }
+    }
+
+    /// Whether the `in_proj` angle rows are zeroed and frozen.
+    pub fn freezes_angle_rows(self) -> bool {
+        self != Self::Data
+    }
+}
+
+impl std::str::FromStr for Rotation {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| format!("unknown rotation `{s}` (expected data, fixed or none)"))
+    }
+}
+
+/// Runs saved before `--rotation` existed hold `"rotation": true|false`
+/// (data or none); newer ones hold the mode's name.
+impl<'de> Deserialize<'de> for Rotation {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Saved {
+            Switch(bool),
+            Name(String),
+        }
+        match Saved::deserialize(d)? {
+            Saved::Switch(true) => Ok(Self::Data),
+            Saved::Switch(false) => Ok(Self::None),
+            Saved::Name(n) => n.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 /// Model size flags; the vocabulary comes from the data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelSize {
@@ -90,10 +161,10 @@ pub struct ModelSize {
     pub expand: usize,
     /// Rotate all state dims (`rope_fraction` 1.0) instead of half.
     pub full_rope: bool,
-    /// `false`: the rotation ablation (`--no-rotation`): the angle rows of
-    /// every `in_proj` start at zero and never train, so no state rotates
-    /// (the paper's "w/o RoPE" row of Table 5b).
-    pub rotation: bool,
+    /// Where the rotation angles come from (`--rotation`): Mamba-3's
+    /// data-dependent angles, or the paper's two ablations of Table 5b,
+    /// standard RoPE (`fixed`) and no rotation (`none`).
+    pub rotation: Rotation,
     /// The decay map of `A` (`--a-activation`).
     #[serde(with = "a_activation_name")]
     pub a_activation: AActivation,
@@ -175,7 +246,7 @@ pub enum Setting {
     Headdim,
     Expand,
     FullRope,
-    NoRotation,
+    Rotation,
     AActivation,
     Device,
     Precision,
@@ -229,7 +300,7 @@ impl Setting {
         Self::Headdim,
         Self::Expand,
         Self::FullRope,
-        Self::NoRotation,
+        Self::Rotation,
         Self::AActivation,
         Self::Device,
         Self::Precision,
@@ -266,7 +337,7 @@ impl Setting {
             Self::Headdim => "--headdim",
             Self::Expand => "--expand",
             Self::FullRope => "--full-rope",
-            Self::NoRotation => "--no-rotation",
+            Self::Rotation => "--rotation",
             Self::AActivation => "--a-activation",
             Self::Device => "--device",
             Self::Precision => "--precision",
@@ -345,7 +416,7 @@ impl Setting {
             (Self::Headdim, _) => with(m.headdim.to_string()),
             (Self::Expand, _) => with(m.expand.to_string()),
             (Self::FullRope, _) => switch(m.full_rope),
-            (Self::NoRotation, _) => switch(!m.rotation),
+            (Self::Rotation, _) => with(m.rotation.name().into()),
             (Self::AActivation, _) => with(
                 match m.a_activation {
                     AActivation::HeavyTail => "heavy-tail",
@@ -567,6 +638,7 @@ pub fn model_config(size: ModelSize, vocab: usize) -> Result<Mamba3Config, Train
             RopeFraction::Half
         },
         a_activation: size.a_activation,
+        rope_angles: size.rotation.angles(),
         ..Mamba3Config::default()
     };
     cfg.validate().map_err(|e| flag_error(&size, e))?;

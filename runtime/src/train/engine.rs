@@ -176,7 +176,7 @@ pub struct OptimSettings {
     /// Global-norm clipping threshold; `None`: no clipping.
     pub clip: Option<f64>,
     /// Parameter slices that never train (ablations such as
-    /// `--no-rotation`): their gradients are zeroed before clipping, so
+    /// `--rotation none|fixed`): their gradients are zeroed before clipping, so
     /// AdamW leaves them exactly as initialised. A GPU engine applies the
     /// same mask inside the graph.
     pub frozen: Vec<Frozen>,
@@ -292,7 +292,7 @@ pub trait TrainEngine {
 }
 
 /// The `in_proj` rows producing the rotation angles, per layer: frozen (and
-/// zeroed) for the `--no-rotation` ablation.
+/// zeroed) for the rotation ablations (`--rotation none|fixed`).
 pub fn rotation_rows(cfg: &Mamba3Config) -> Vec<Frozen> {
     let layout = cfg.in_proj_layout();
     crate::mamba3::cpu::param_specs(cfg)

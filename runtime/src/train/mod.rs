@@ -1,6 +1,7 @@
 //! Training: what a run is ([`config`]) and how much memory it needs
 //! ([`memory`]), data ([`data`]), the step engine seam ([`engine`]) and its
-//! CPU and GPU implementations ([`cpu`], [`gpu`]), the lr schedule
+//! CPU and GPU implementations ([`cpu`], [`gpu`]), what a state-tracking
+//! model learned about its own decay and rotation ([`dynamics`]), the lr schedule
 //! ([`schedule`]), run directories ([`rundir`]) and checkpoints
 //! ([`checkpoint`]), stopping on a signal ([`stop`]), what the user sees
 //! ([`report`], [`plot`]) and the loop ([`run`]).
@@ -13,6 +14,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod cpu;
 pub mod data;
+pub mod dynamics;
 pub mod engine;
 pub mod gpu;
 pub mod memory;
@@ -27,7 +29,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-pub use config::{Decay, Device, ModelSize, RunConfig, Setting};
+pub use config::{Decay, Device, ModelSize, Rotation, RunConfig, Setting};
 pub use cpu::CpuEngine;
 pub use engine::{
     EngineError, EngineInfo, EngineState, EvalOutput, Frozen, OptimSettings, StepMetrics,

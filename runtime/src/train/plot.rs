@@ -14,7 +14,8 @@ use serde_json::Value;
 use super::TrainError;
 use super::report::{METRICS_FILE, PLOT_FILE};
 
-type Series = Vec<(f64, f64)>;
+/// `(step, value)` points of one plotted line.
+pub type Series = Vec<(f64, f64)>;
 
 /// Points per plotted series: longer ones are thinned to bucket means.
 const MAX_POINTS: usize = 1000;
@@ -59,6 +60,94 @@ fn read_metrics(path: &Path) -> Result<Metrics, TrainError> {
         }
     }
     Ok(m)
+}
+
+/// The eval accuracy series (percent, by set label) of a run directory's
+/// `metrics.jsonl`.
+pub fn eval_accuracy(run_dir: &Path) -> Result<BTreeMap<String, Series>, TrainError> {
+    Ok(read_metrics(&run_dir.join(METRICS_FILE))?.eval_acc)
+}
+
+/// One line of [`write_lines_plot`]: lines of one `group` share a colour and
+/// one legend entry, `label` (the group's first line's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Line {
+    /// Legend text of the group.
+    pub label: String,
+    /// Colour group.
+    pub group: usize,
+    /// `(x, y)` points.
+    pub points: Series,
+}
+
+/// One panel of lines over steps, `y` in `y_range`, with a legend per group
+/// (several runs of a setting drawn in one colour): the state-tracking
+/// reproduction's accuracy-over-steps plots.
+pub fn write_lines_plot(
+    path: &Path,
+    title: &str,
+    y_desc: &str,
+    y_range: (f64, f64),
+    lines: &[Line],
+) -> Result<(), TrainError> {
+    let mut svg = String::new();
+    draw_lines(&mut svg, title, y_desc, y_range, lines).map_err(plot_error(path))?;
+    std::fs::write(path, svg).map_err(TrainError::io(path))
+}
+
+fn draw_lines(
+    svg: &mut String,
+    title: &str,
+    y_desc: &str,
+    (y0, y1): (f64, f64),
+    lines: &[Line],
+) -> DrawResult {
+    let root = SVGBackend::with_string(svg, (760, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(boxed)?;
+    let named: Vec<(String, Series)> = lines
+        .iter()
+        .map(|l| (l.label.clone(), thin(l.points.clone())))
+        .collect();
+    let (x0, x1) = x_range(named.iter());
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(50)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(boxed)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc(y_desc)
+        .draw()
+        .map_err(boxed)?;
+    let mut labelled = std::collections::BTreeSet::new();
+    for (line, (_, points)) in lines.iter().zip(&named) {
+        let color = Palette99::pick(line.group).to_rgba();
+        let drawn = chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))
+            .map_err(boxed)?;
+        if labelled.insert(line.group) {
+            drawn.label(line.label.as_str()).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        }
+    }
+    if !labelled.is_empty() {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .draw()
+            .map_err(boxed)?;
+    }
+    root.present().map_err(boxed)?;
+    Ok(())
 }
 
 fn plot_error(path: &Path) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> TrainError {
@@ -256,6 +345,35 @@ mod tests {
             assert!(svg.contains(needle), "`{needle}` missing");
         }
         assert!(svg.matches("<text").count() > 15, "tick labels");
+    }
+
+    #[test]
+    fn a_lines_plot_has_one_legend_entry_per_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lines.svg");
+        let line = |label: &str, group, k: f64| Line {
+            label: label.into(),
+            group,
+            points: (0..5).map(|i| (f64::from(i), k * f64::from(i))).collect(),
+        };
+        let lines = [
+            line("data", 0, 10.0),
+            line("data", 0, 12.0),
+            line("none", 1, 1.0),
+        ];
+        write_lines_plot(&path, "parity", "scaled accuracy (%)", (0.0, 100.0), &lines).unwrap();
+        let svg = std::fs::read_to_string(path).unwrap();
+        assert_eq!(
+            svg.matches("\ndata\n").count(),
+            1,
+            "one legend entry per group"
+        );
+        assert!(svg.contains("\nnone\n") && svg.contains("parity"));
+        assert_eq!(
+            svg.matches("stroke-width=\"2\" points").count(),
+            5,
+            "three lines, two legend marks"
+        );
     }
 
     #[test]

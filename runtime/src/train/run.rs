@@ -28,9 +28,10 @@ use serde_json::json;
 
 use super::TrainError;
 use super::checkpoint::{self, CHECKPOINTS_DIR, Found, TrainState};
-use super::config::{self, Change, Device, RunConfig, Setting};
+use super::config::{self, Change, Device, Rotation, RunConfig, Setting};
 use super::cpu::CpuEngine;
 use super::data::{Batch, DataSpec, Dataset, EvalSet};
+use super::dynamics::{self, Dynamics};
 use super::engine::{OptimSettings, TrainEngine, rotation_rows};
 use super::gpu::{GpuBf16Engine, GpuF32Engine};
 use super::memory::{self, Holder};
@@ -59,6 +60,10 @@ pub struct TrainOptions {
     pub stop_after: Option<u64>,
     /// Progress display.
     pub progress: ProgressMode,
+    /// At every evaluation of a task run, also measure the model's
+    /// dynamics on a few rows of the longest eval set
+    /// ([`super::dynamics`]) and log them (`"kind": "dynamics"`).
+    pub log_dynamics: bool,
 }
 
 /// `--resume`: where, and which settings the user typed again.
@@ -128,6 +133,8 @@ pub struct RunSummary {
     pub tokens_per_s: f64,
     /// The engine that ran.
     pub engine: String,
+    /// The last dynamics probe (with [`TrainOptions::log_dynamics`]).
+    pub dynamics: Option<Dynamics>,
 }
 
 /// What `--device` / `--precision` resolved to.
@@ -314,6 +321,7 @@ fn already_finished(found: &Found, run: &RunConfig, dir: Option<&RunDir>) -> Run
         train_time: Duration::ZERO,
         tokens_per_s: 0.0,
         engine: found.train.engine.clone(),
+        dynamics: None,
     }
 }
 
@@ -372,7 +380,7 @@ fn start_lines(
     let info = engine.info();
     let params = memory::param_count(cfg);
     progress.line(&format!(
-        "stepgraph train: {} {} on {}; model d_model {} n_layer {} d_state {} headdim {}{}{} ({params} params); {}",
+        "stepgraph train: {} {} on {}; model d_model {} n_layer {} d_state {} headdim {}{}{}{} ({params} params); {}",
         info.name,
         info.precision,
         info.device,
@@ -382,6 +390,11 @@ fn start_lines(
         cfg.headdim,
         if cfg.rope_fraction == RopeFraction::Full { " full-rope" } else { "" },
         if cfg.a_activation == AActivation::Softplus { " softplus-A" } else { "" },
+        match run.model.rotation {
+            Rotation::Data => "",
+            Rotation::Fixed => " fixed-RoPE",
+            Rotation::None => " no-rotation",
+        },
         data.describe()
     ));
     progress.line(&format!(
@@ -475,6 +488,31 @@ fn eval_line(step: u64, results: &[EvalResult]) -> String {
     format!("eval @ {step}  {}", parts.join(" | "))
 }
 
+/// Probes the model's dynamics on the longest eval set of a task run and
+/// logs them (see [`super::dynamics`]); `None` for a file run.
+fn log_dynamics(
+    engine: &mut dyn TrainEngine,
+    cfg: &Mamba3Config,
+    data: &Dataset,
+    step: u64,
+    log: &mut MetricsLog,
+) -> Result<Option<Dynamics>, TrainError> {
+    let (Some(task), Some(set)) = (data.task(), data.eval_sets().last()) else {
+        return Ok(None);
+    };
+    let Some(batch) = set.batches.first() else {
+        return Ok(None);
+    };
+    let state = engine.export_state()?;
+    let d = dynamics::probe(cfg, &state.weights, task, batch)
+        .map_err(|e| TrainError::Engine(e.into()))?;
+    log.event(&json!({
+        "kind": "dynamics", "step": step, "set": set.label, "row_len": d.row_len,
+        "layers": d.layers,
+    }))?;
+    Ok(Some(d))
+}
+
 fn window(losses: &[(u64, f64)]) -> Option<LossWindow> {
     let (first, last) = (losses.first()?.0, losses.last()?.0);
     let mean = losses.iter().map(|p| p.1).sum::<f64>() / losses.len() as f64;
@@ -539,10 +577,10 @@ fn run_in(
         },
         decay: start.run.decay.policy(),
         clip: start.run.clip,
-        frozen: if start.run.model.rotation {
-            Vec::new()
-        } else {
+        frozen: if start.run.model.rotation.freezes_angle_rows() {
             rotation_rows(&start.cfg)
+        } else {
+            Vec::new()
         },
     };
     let (rows, width) = (start.run.batch, data.train_width());
@@ -647,6 +685,7 @@ fn run_in(
     let budget = run.batch * (width - 1);
     let (mut first, mut recent) = (Vec::new(), VecDeque::new());
     let mut last_eval = Vec::new();
+    let mut last_dynamics = None;
     let mut last_ckpt = None;
     let mut step = at;
     let mut status = RunStatus::Finished;
@@ -709,6 +748,10 @@ fn run_in(
                 }
                 progress.line(&eval_line(step, &results));
                 last_eval = results;
+                if opts.log_dynamics {
+                    last_dynamics =
+                        log_dynamics(engine.as_mut(), &start.cfg, &data, step, &mut log)?;
+                }
             }
         }
         let stopping = stop.is_requested() || opts.stop_after.is_some_and(|s| step >= s);
@@ -743,5 +786,6 @@ fn run_in(
         train_time,
         tokens_per_s: tokens_per_step * (step - at) as f64 / train_time.as_secs_f64().max(1e-9),
         engine: engine_name,
+        dynamics: last_dynamics,
     })
 }

@@ -1,5 +1,5 @@
 //! The `stepgraph` command line: `check` specs, `eval` checkpoints, `init`
-//! them, `train` and `bench` models. Each subcommand lives in its own module;
+//! them, `train` and `bench` models, `repro` a paper's table. Each subcommand lives in its own module;
 //! this file parses arguments and reports usage errors.
 //!
 //! Usage errors are clap's own output (the argument named, its possible
@@ -13,6 +13,7 @@ mod check;
 mod eval;
 mod init;
 mod parse;
+mod repro;
 mod train;
 
 use std::fmt::Display;
@@ -39,6 +40,8 @@ enum Command {
     Eval(eval::Args),
     /// Write a checkpoint with fresh official-init weights.
     Init(init::Args),
+    /// Reproduce a table of the Mamba-3 paper: `state-tracking` (Table 5b).
+    Repro(Box<repro::Args>),
     /// Train a Mamba-3 model on a synthetic task or a token file.
     Train(Box<train::Args>),
 }
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check::run(&args),
         Command::Eval(args) => eval::run(&args),
         Command::Init(args) => init::run(&args),
+        Command::Repro(args) => repro::run(&args),
         Command::Train(args) => match matches.subcommand_matches("train") {
             Some(m) => train::run(&args, m),
             None => usage_error("train", "arguments could not be read"),

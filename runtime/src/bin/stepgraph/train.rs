@@ -22,8 +22,8 @@ use stepgraph::train::data::{DataFormat, DataSpec, Task};
 use stepgraph::train::report::{ProgressMode, clock, human};
 use stepgraph::train::run::LossWindow;
 use stepgraph::train::{
-    Decay, Device, ModelSize, Resume, RunConfig, RunStatus, RunSummary, Setting, SignalAction,
-    Stop, TrainOptions, train,
+    Decay, Device, ModelSize, Resume, Rotation, RunConfig, RunStatus, RunSummary, Setting,
+    SignalAction, Stop, TrainOptions, train,
 };
 
 use crate::parse::{at_least_one, at_least_one_u64, non_negative, open_fraction, positive};
@@ -79,8 +79,13 @@ pub struct Args {
     /// Rotate every state dim (rope_fraction 1.0) instead of half.
     #[arg(long)]
     full_rope: bool,
-    /// Ablation: no state rotation (the angle projections stay zero).
-    #[arg(long)]
+    /// Rotation angles: data (Mamba-3's input-dependent angles), fixed
+    /// (standard RoPE: fixed frequencies, the same for every input) or none
+    /// (no state rotates); fixed and none keep the angle projections at zero.
+    #[arg(long, value_enum, default_value_t = RotationArg::Data)]
+    rotation: RotationArg,
+    /// The same as --rotation none.
+    #[arg(long, conflicts_with = "rotation")]
     no_rotation: bool,
     /// Decay map f of A = -max(f(dd_A), A_floor): the official heavy-tail, or the paper's softplus.
     #[arg(long, value_enum, default_value_t = AActArg::HeavyTail)]
@@ -146,14 +151,28 @@ pub struct Args {
     /// Progress display: auto (bar on a terminal), plain lines, or quiet.
     #[arg(long, value_enum, default_value_t = ProgressArg::Auto)]
     progress: ProgressArg,
+    /// At every evaluation of a task, also log the model's decay and
+    /// rotation on a few rows of the longest eval set (metrics.jsonl,
+    /// "kind": "dynamics").
+    #[arg(long, conflicts_with = "data")]
+    log_dynamics: bool,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum TaskArg {
     Parity,
     Modarith,
+    ModarithPrec,
+    ModarithBrackets,
     Copy,
     Mqar,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RotationArg {
+    Data,
+    Fixed,
+    None,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -197,6 +216,8 @@ fn task(t: TaskArg) -> Task {
     match t {
         TaskArg::Parity => Task::Parity,
         TaskArg::Modarith => Task::Modarith,
+        TaskArg::ModarithPrec => Task::ModarithPrec,
+        TaskArg::ModarithBrackets => Task::ModarithBrackets,
         TaskArg::Copy => Task::Copy,
         TaskArg::Mqar => Task::Mqar,
     }
@@ -247,7 +268,11 @@ fn run_config(a: &Args) -> RunConfig {
             headdim: a.headdim,
             expand: a.expand,
             full_rope: a.full_rope,
-            rotation: !a.no_rotation,
+            rotation: match (a.no_rotation, a.rotation) {
+                (true, _) | (false, RotationArg::None) => Rotation::None,
+                (false, RotationArg::Data) => Rotation::Data,
+                (false, RotationArg::Fixed) => Rotation::Fixed,
+            },
             a_activation: match a.a_activation {
                 AActArg::HeavyTail => AActivation::HeavyTail,
                 AActArg::Softplus => AActivation::Softplus,
@@ -279,13 +304,15 @@ fn run_config(a: &Args) -> RunConfig {
     }
 }
 
-/// The settings typed on the command line (not defaulted).
+/// The settings typed on the command line (not defaulted); `--no-rotation`
+/// counts as `--rotation`.
 fn given(m: &ArgMatches) -> Vec<Setting> {
+    let typed = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
     Setting::ALL
         .into_iter()
         .filter(|s| {
             let id = s.flag().trim_start_matches('-').replace('-', "_");
-            m.value_source(&id) == Some(ValueSource::CommandLine)
+            typed(&id) || (*s == Setting::Rotation && typed("no_rotation"))
         })
         .collect()
 }
@@ -304,6 +331,7 @@ fn options(a: &Args, m: &ArgMatches) -> TrainOptions {
             ProgressArg::Plain => ProgressMode::Plain,
             ProgressArg::Quiet => ProgressMode::Quiet,
         },
+        log_dynamics: a.log_dynamics,
     }
 }
 

@@ -5,6 +5,7 @@
 //! dt   = softplus(dd_dt + dt_bias)     A = -max(f(dd_A), A_floor), f heavy-tail or softplus     lam = sigmoid(trap)
 //! B̂    = RMSNorm_N(B_g) w_B + B_bias[h]    Ĉ = RMSNorm_N(C_g) w_C + C_bias[h]
 //! phi_t = (phi_{t-1} + dt_t * pi tanh(angles_t)) mod 2 pi           (per head, per angle)
+//!         (phi_{t-1} + omega) mod 2 pi, omega fixed (RopeAngles::Fixed, standard RoPE)
 //! k = Rot(phi) B̂   q = Rot(phi) Ĉ                  (interleaved pairs, first 2S dims)
 //! y = scan(q, k, v = x, A dt, dt, lam) + D x        (see `scan` / `chunked`)
 //! o = y * silu(z)   or   RMSNorm_P(y) w_norm * silu(z)   (is_outproj_norm)
@@ -23,7 +24,7 @@ use super::scan::{HeadCarry, HeadInputs, recurrent_forward_unchecked};
 use super::state::LayerState;
 use super::weights::LayerWeights;
 use crate::float::Float;
-use crate::mamba3::config::Mamba3Config;
+use crate::mamba3::config::{Mamba3Config, RopeAngles};
 
 /// Which form of the scan the forward pass runs. Both give the same outputs
 /// (up to rounding), and so do their reverse passes.
@@ -166,6 +167,13 @@ pub(crate) fn mixer_forward<T: Float>(
     let a_floor = T::from_f64(cfg.a_floor);
     let pi = T::from_f64(std::f64::consts::PI);
     let two_pi = T::from_f64(std::f64::consts::TAU);
+    // Fixed RoPE advances every pair by its own frequency, whatever the token.
+    let fixed: Option<Vec<T>> = (cfg.rope_angles == RopeAngles::Fixed).then(|| {
+        cfg.rope_frequencies()
+            .into_iter()
+            .map(T::from_f64)
+            .collect()
+    });
 
     let proj = matmul_nt(&u, &w.in_proj, rows, dm, e);
     let bhtn = batch * nh * len;
@@ -225,8 +233,9 @@ pub(crate) fn mixer_forward<T: Float>(
                 tape.adt[hi] = a * dt;
                 tape.lam[hi] = sigmoid(row[l.trap + h]);
                 let run = &mut phi_run[(b * nh + h) * ns..(b * nh + h + 1) * ns];
-                for (ph, &th) in run.iter_mut().zip(theta.iter()) {
-                    let v = *ph + dt * th;
+                for (s, (ph, &th)) in run.iter_mut().zip(theta.iter()).enumerate() {
+                    let step = fixed.as_ref().map_or(dt * th, |w| w[s]);
+                    let v = *ph + step;
                     *ph = v - two_pi * (v / two_pi).floor();
                 }
                 tape.phi[hi * ns..(hi + 1) * ns].copy_from_slice(run);

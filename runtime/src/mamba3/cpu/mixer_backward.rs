@@ -17,7 +17,7 @@ use super::ops::{
 use super::scan::{HeadGrads, recurrent_backward_unchecked};
 use super::weights::LayerWeights;
 use crate::float::Float;
-use crate::mamba3::config::Mamba3Config;
+use crate::mamba3::config::{Mamba3Config, RopeAngles};
 
 /// Adds the mixer's parameter gradients into `gw` and returns `dL/du`.
 pub(crate) fn mixer_backward<T: Float>(
@@ -41,6 +41,8 @@ pub(crate) fn mixer_backward<T: Float>(
     let rows = batch * len;
     let a_floor = T::from_f64(cfg.a_floor);
     let pi = T::from_f64(std::f64::consts::PI);
+    // Fixed angles depend on no parameter: the angle gradient stops at phi.
+    let data_angles = cfg.rope_angles == RopeAngles::Data;
 
     // out = o W_out^T
     matmul_tn_acc(&mut gw.out_proj, dout, &tape.o, rows, dm, di);
@@ -151,9 +153,11 @@ pub(crate) fn mixer_backward<T: Float>(
                 let theta = &tape.theta[i * ns..(i + 1) * ns];
                 let dt = tape.dt[hi];
                 let mut ddt = gr.ddt[t];
-                for s in 0..ns {
-                    ddt += rs[s] * theta[s];
-                    dtheta[i * ns + s] += rs[s] * dt;
+                if data_angles {
+                    for s in 0..ns {
+                        ddt += rs[s] * theta[s];
+                        dtheta[i * ns + s] += rs[s] * dt;
+                    }
                 }
                 // adt = A dt,  A = -max(f(dd_A), A_floor)
                 let row = &tape.proj[i * e..(i + 1) * e];

@@ -315,7 +315,12 @@ fn mixer_backward<T: Compute>(
     kb::colsum(gpu, contrib_c, rows * ng, n, n, 0, partials, &mut lg.c_norm)?;
 
     probe.enter(gpu, S, "angle cumsum bwd")?;
-    kb::angle_bwd(gpu, sh, dphi)?;
+    match sh.angles_from {
+        kf::AngleSource::Cumsum => kb::angle_bwd(gpu, sh, dphi)?,
+        // Fixed angles depend on no parameter: a zero gradient at phi makes
+        // the scalar pass add nothing to d dt and write zero angle columns.
+        kf::AngleSource::Fixed { .. } => gpu.zero(dphi)?,
+    }
     probe.enter(gpu, E, "scalar bwd (dt, A, trap)")?;
     kb::scalar_bwd(
         gpu,

@@ -207,7 +207,10 @@ fn mixer_forward<T: Compute>(
         &mut la.lam,
     )?;
     probe.enter(gpu, S, "angle cumsum fwd")?;
-    k::angle_fwd(gpu, sh, &la.dt, &la.theta, &mut la.phi)?;
+    match sh.angles_from {
+        k::AngleSource::Cumsum => k::angle_fwd(gpu, sh, &la.dt, &la.theta, &mut la.phi)?,
+        k::AngleSource::Fixed { base } => k::angle_fixed(gpu, sh, base, &mut la.phi)?,
+    }
     probe.enter(gpu, E, "qk norm + rotate fwd")?;
     let src = k::QkSources {
         proj: &la.proj,

@@ -3,8 +3,8 @@
 //! [`Mamba3Shape`] every Mamba-3 kernel wrapper takes, so the kernels layer
 //! needs no model type.
 
-use crate::kernels::mamba3::{DecayMap, Mamba3Shape, ProjLayout};
-use crate::mamba3::{AActivation, InProjLayout, Mamba3Config};
+use crate::kernels::mamba3::{AngleSource, DecayMap, Mamba3Shape, ProjLayout};
+use crate::mamba3::{AActivation, InProjLayout, Mamba3Config, ROPE_BASE, RopeAngles};
 
 /// The shape of `cfg` at `batch x len` (the config must be valid).
 pub fn kernel_shape(cfg: &Mamba3Config, batch: usize, len: usize) -> Mamba3Shape {
@@ -30,6 +30,10 @@ pub fn kernel_shape(cfg: &Mamba3Config, batch: usize, len: usize) -> Mamba3Shape
         a_activation: match cfg.a_activation {
             AActivation::HeavyTail => DecayMap::HeavyTail,
             AActivation::Softplus => DecayMap::Softplus,
+        },
+        angles_from: match cfg.rope_angles {
+            RopeAngles::Data => AngleSource::Cumsum,
+            RopeAngles::Fixed => AngleSource::Fixed { base: ROPE_BASE },
         },
     }
 }
@@ -80,6 +84,15 @@ mod tests {
         );
         assert_eq!(sh.width, cfg.d_in_proj());
         assert_eq!(sh.a_activation, DecayMap::Softplus);
+        assert_eq!(sh.angles_from, AngleSource::Cumsum);
+        let fixed = Mamba3Config {
+            rope_angles: RopeAngles::Fixed,
+            ..cfg
+        };
+        assert_eq!(
+            kernel_shape(&fixed, 1, 1).angles_from,
+            AngleSource::Fixed { base: ROPE_BASE }
+        );
         assert_eq!(f64::from(sh.eps), f64::from(f64_to_f32(cfg.norm_eps)));
     }
 }

@@ -1,4 +1,5 @@
-//! Training data: synthetic tasks ([`tasks`]) and token files ([`file`](mod@file)),
+//! Training data: synthetic tasks ([`tasks`], the arithmetic generators in
+//! [`arith`]) and token files ([`file`](mod@file)),
 //! behind one [`Dataset`] that hands out training batches and fixed eval sets.
 //!
 //! Everything is deterministic from the seed. Training batches come from one
@@ -8,6 +9,7 @@
 //! stream (seed-derived) and are generated once, so every evaluation scores
 //! the same instances.
 
+pub mod arith;
 pub mod file;
 pub mod tasks;
 

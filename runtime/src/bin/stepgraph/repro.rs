@@ -1,0 +1,198 @@
+//! `stepgraph repro state-tracking`: the Mamba-3 paper's state-tracking table
+//! in one command (the library's `stepgraph::repro`). Flags become
+//! [`ReproOptions`]; SIGINT, SIGTERM and SIGHUP stop every run after its
+//! current step and still write the table of the runs that finished; a
+//! second signal exits at once (code 130). Exit codes: 0 done (or stopped
+//! cleanly), 1 a failure, 2 a usage error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stepgraph::Precision;
+use stepgraph::repro::recipe::{ROTATIONS, TASKS};
+use stepgraph::repro::{ReproOptions, state_tracking};
+use stepgraph::train::data::Task;
+use stepgraph::train::{Device, Rotation, SignalAction, Stop};
+
+use crate::parse::{at_least_one, at_least_one_u64};
+
+/// Arguments of `stepgraph repro`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(clap::Subcommand)]
+enum What {
+    /// The state-tracking table (Table 5b): parity and modular arithmetic
+    /// without and with brackets, for Mamba-3, Mamba-3 with standard RoPE
+    /// and Mamba-3 without rotation, trained on instances of about 160
+    /// tokens and scored at about 256, over several seeds.
+    StateTracking(StArgs),
+}
+
+/// Arguments of `stepgraph repro state-tracking`.
+#[derive(clap::Args)]
+struct StArgs {
+    /// Seeds per cell (seeds --first-seed .. --first-seed + N).
+    #[arg(long, default_value_t = 5, value_parser = at_least_one_u64)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    first_seed: u64,
+    /// Compute precision of every run.
+    #[arg(long, default_value_t = Precision::F32, value_parser = crate::parse::precision(PRECISIONS))]
+    precision: Precision,
+    /// Where the runs train (the table is a GPU job; cpu is for smoke tests with --quick).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cuda)]
+    device: DeviceArg,
+    /// Output directory (default: runs/repro-state-tracking-<UTC timestamp>); an existing one
+    /// must be empty.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Runs trained at once (default: 16 on the GPU, 1 on the CPU).
+    #[arg(long, value_parser = at_least_one)]
+    jobs: Option<usize>,
+    /// Smoke test: a few steps of tiny models on short instances.
+    #[arg(long)]
+    quick: bool,
+    /// Columns to run (comma-separated; default: all three).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    tasks: Vec<TaskArg>,
+    /// Rows to run (comma-separated; default: all three).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    rotations: Vec<RotationArg>,
+    /// Stop every run after this many seconds (as a signal would) and report
+    /// the runs that finished.
+    #[arg(long, value_parser = at_least_one_u64)]
+    time_limit: Option<u64>,
+}
+
+const PRECISIONS: &[(Precision, &str)] = &[(Precision::F32, ""), (Precision::Bf16, "")];
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DeviceArg {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum TaskArg {
+    Parity,
+    ModarithPrec,
+    ModarithBrackets,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RotationArg {
+    Data,
+    Fixed,
+    None,
+}
+
+fn options(a: &StArgs) -> ReproOptions {
+    let device = match a.device {
+        DeviceArg::Auto => Device::Auto,
+        DeviceArg::Cpu => Device::Cpu,
+        DeviceArg::Cuda => Device::Cuda,
+    };
+    ReproOptions {
+        seeds: (a.first_seed..a.first_seed.saturating_add(a.seeds)).collect(),
+        precision: a.precision,
+        device,
+        out: a.out.clone(),
+        jobs: a
+            .jobs
+            .unwrap_or(if matches!(device, Device::Cpu) { 1 } else { 16 }),
+        quick: a.quick,
+        tasks: if a.tasks.is_empty() {
+            TASKS.to_vec()
+        } else {
+            a.tasks
+                .iter()
+                .map(|t| match t {
+                    TaskArg::Parity => Task::Parity,
+                    TaskArg::ModarithPrec => Task::ModarithPrec,
+                    TaskArg::ModarithBrackets => Task::ModarithBrackets,
+                })
+                .collect()
+        },
+        rotations: if a.rotations.is_empty() {
+            ROTATIONS.to_vec()
+        } else {
+            a.rotations
+                .iter()
+                .map(|r| match r {
+                    RotationArg::Data => Rotation::Data,
+                    RotationArg::Fixed => Rotation::Fixed,
+                    RotationArg::None => Rotation::None,
+                })
+                .collect()
+        },
+        time_limit: a.time_limit.map(Duration::from_secs),
+    }
+}
+
+/// The first signal stops every run after its step; a second one exits.
+fn install_handler(stop: &Arc<Stop>) {
+    let stop = Arc::clone(stop);
+    let handler = ctrlc::set_handler(move || match stop.on_signal(Instant::now()) {
+        SignalAction::Stop => eprintln!(
+            "\nstopping: every run finishes its step and checkpoints, then the table of the \
+             finished runs is written (signal again to exit at once)"
+        ),
+        SignalAction::Duplicate => {}
+        SignalAction::ExitNow => {
+            eprintln!("\nsecond signal: exiting now; the table was not written");
+            std::process::exit(130);
+        }
+    });
+    if let Err(e) = handler {
+        eprintln!("warning: a signal will end the runs without a table ({e})");
+    }
+}
+
+/// Runs the subcommand.
+pub fn run(args: &Args) -> ExitCode {
+    let What::StateTracking(a) = &args.what;
+    let opts = options(a);
+    let stop = Arc::new(Stop::new());
+    install_handler(&stop);
+    println!(
+        "stepgraph repro state-tracking: {} tasks x {} rotation modes x {} seeds, {}, {} at once",
+        opts.tasks.len(),
+        opts.rotations.len(),
+        opts.seeds.len(),
+        opts.precision.name(),
+        opts.jobs
+    );
+    let print = |l: &str| println!("{l}");
+    match state_tracking(&opts, &stop, &print) {
+        Ok(r) => {
+            if let Some(n) = &r.notice {
+                println!("{n}");
+            }
+            println!(
+                "\nscaled accuracy (%) at the reported size: mean [min, max] over seeds (paper)\n"
+            );
+            print!("{}", r.table);
+            println!(
+                "\nwall time {:.1} s for {} runs ({} at once); table, runs, plots and JSONL in {}",
+                r.wall.as_secs_f64(),
+                r.results.len(),
+                opts.jobs,
+                r.out.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) if e.exit_code() == 2 => crate::usage_error("repro", e),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

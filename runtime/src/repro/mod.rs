@@ -1,0 +1,360 @@
+//! `stepgraph repro state-tracking`: the Mamba-3 paper's state-tracking table
+//! (Table 5b) in one command. Three tasks (parity, modular arithmetic
+//! without and with brackets; [`recipe::TASKS`]) times three rotation modes
+//! (Mamba-3's data-dependent angles, standard RoPE, none;
+//! [`recipe::ROTATIONS`]) times N seeds, each run trained by
+//! [`crate::train::train`] with its column's [`recipe`], several at once
+//! ([`runner`]); then the table of scaled accuracy (mean and spread over
+//! seeds) beside the paper's, one line per run with its dynamics, the plots
+//! and the JSONL of every run ([`report`]).
+//!
+//! Everything lands in the output directory:
+//!
+//! ```text
+//! OUT/table.md        the table, the settings, one line per run
+//! OUT/table.json      the cells (mean, min, max, runs, paper)
+//! OUT/results.jsonl   one object per run, written as each run ends
+//! OUT/metrics.jsonl   every run's metrics.jsonl, each line tagged "run"
+//! OUT/accuracy-TASK.svg  scaled accuracy at the reported size over steps
+//! OUT/runs/TASK-ROTATION-sSEED/  each run's own directory (stepgraph train's)
+//! ```
+
+pub mod recipe;
+pub mod report;
+pub mod runner;
+
+use std::collections::VecDeque;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use thiserror::Error;
+
+use crate::Precision;
+use crate::train::data::Task;
+use crate::train::run::{Resolved, resolve_device};
+use crate::train::{Device, Rotation, Stop, TrainError};
+use runner::{Outcome, Plan, RunResult};
+
+/// Why the reproduction could not run.
+#[derive(Debug, Error)]
+pub enum ReproError {
+    /// A flag value it cannot use (a usage error: exit code 2).
+    #[error("{flag}: {reason}")]
+    InvalidOption {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A file of the output directory could not be written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Opening the device, or writing a plot, failed.
+    #[error(transparent)]
+    Train(#[from] TrainError),
+}
+
+impl ReproError {
+    /// Process exit code: 2 for usage errors, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::InvalidOption { .. } => 2,
+            Self::Train(e) => e.exit_code(),
+            Self::Io { .. } => 1,
+        }
+    }
+}
+
+/// What `stepgraph repro state-tracking` was asked to do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReproOptions {
+    /// Seeds of every cell.
+    pub seeds: Vec<u64>,
+    /// Precision of every run.
+    pub precision: Precision,
+    /// Where the runs train.
+    pub device: Device,
+    /// Output directory (`None`: `runs/repro-state-tracking-<UTC timestamp>`).
+    pub out: Option<PathBuf>,
+    /// Runs trained at once.
+    pub jobs: usize,
+    /// Smoke-test recipes (a few steps on tiny instances).
+    pub quick: bool,
+    /// Columns.
+    pub tasks: Vec<Task>,
+    /// Rows.
+    pub rotations: Vec<Rotation>,
+    /// Stop every run (as a signal would) after this long.
+    pub time_limit: Option<Duration>,
+}
+
+/// What the reproduction produced.
+#[derive(Debug)]
+pub struct ReproReport {
+    /// The output directory.
+    pub out: PathBuf,
+    /// The table (markdown).
+    pub table: String,
+    /// One result per run, in table order.
+    pub results: Vec<RunResult>,
+    /// Wall time of the whole reproduction.
+    pub wall: Duration,
+    /// The plots written.
+    pub plots: Vec<PathBuf>,
+    /// A line to show before the table (`auto` fell back to the CPU).
+    pub notice: Option<String>,
+}
+
+fn invalid(flag: &'static str, reason: impl Into<String>) -> ReproError {
+    ReproError::InvalidOption {
+        flag,
+        reason: reason.into(),
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReproError {
+    let path = path.to_path_buf();
+    move |source| ReproError::Io { path, source }
+}
+
+/// Checks the options, before anything is created.
+fn validate(o: &ReproOptions) -> Result<(), ReproError> {
+    if o.seeds.is_empty() {
+        return Err(invalid("--seeds", "must be at least 1"));
+    }
+    if o.jobs == 0 {
+        return Err(invalid("--jobs", "must be at least 1"));
+    }
+    if o.tasks.is_empty() {
+        return Err(invalid("--tasks", "name at least one task"));
+    }
+    if let Some(t) = o.tasks.iter().find(|t| !recipe::TASKS.contains(t)) {
+        return Err(invalid(
+            "--tasks",
+            format!(
+                "`{}` is not a column of the table (parity, modarith-prec, modarith-brackets)",
+                t.name()
+            ),
+        ));
+    }
+    if o.rotations.is_empty() {
+        return Err(invalid("--rotations", "name at least one rotation mode"));
+    }
+    Ok(())
+}
+
+/// The output directory, created; an existing one must be empty.
+fn claim_out(out: Option<&Path>) -> Result<PathBuf, ReproError> {
+    let dir = out.map_or_else(
+        || {
+            Path::new("runs").join(format!(
+                "repro-state-tracking-{}",
+                crate::train::rundir::utc_stamp()
+            ))
+        },
+        Path::to_path_buf,
+    );
+    if let Ok(mut entries) = std::fs::read_dir(&dir)
+        && entries.next().is_some()
+    {
+        return Err(invalid(
+            "--out",
+            format!(
+                "{} exists and is not empty; choose another --out",
+                dir.display()
+            ),
+        ));
+    }
+    std::fs::create_dir_all(dir.join("runs")).map_err(io(&dir))?;
+    Ok(dir)
+}
+
+/// Runs the table (see the module docs). `stop` ends every run early, as a
+/// signal does; the table then covers the runs that finished. `line` gets
+/// one line per finished run, as it finishes.
+pub fn state_tracking(
+    opts: &ReproOptions,
+    stop: &Stop,
+    line: &(dyn Fn(&str) + Sync),
+) -> Result<ReproReport, ReproError> {
+    validate(opts)?;
+    // Opening the device here compiles the kernels into the disk cache once,
+    // before the workers each open their own context and load them.
+    let (device, notice) = match resolve_device(opts.device, opts.precision)? {
+        Resolved::Cpu(notice) => (Device::Cpu, notice),
+        Resolved::Cuda(_) => (Device::Cuda, None),
+    };
+    let out = claim_out(opts.out.as_deref())?;
+    let t0 = Instant::now();
+    let queue = runner::jobs(&opts.tasks, &opts.rotations, &opts.seeds, opts.quick);
+    let total = queue.len();
+    let runs_dir = out.join("runs");
+    let plan = Plan {
+        queue: Mutex::new(VecDeque::from(queue)),
+        runs_dir: &runs_dir,
+        precision: opts.precision,
+        device,
+        quick: opts.quick,
+        stop,
+    };
+    let results_path = out.join("results.jsonl");
+    let results_file = std::fs::File::create(&results_path).map_err(io(&results_path))?;
+    let sink = Mutex::new((Vec::new(), results_file));
+    let done = |r: RunResult| {
+        let mut guard = sink.lock().unwrap_or_else(|p| p.into_inner());
+        let (results, file) = &mut *guard;
+        // A results line that cannot be written loses nothing the table
+        // needs: the run's own directory holds its metrics.
+        let _ = writeln!(file, "{}", report::result_json(&r, opts.quick));
+        line(&progress_line(&r, results.len() + 1, total, opts.quick));
+        results.push(r);
+    };
+    let finished = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        if let Some(limit) = opts.time_limit {
+            let finished = &finished;
+            s.spawn(move || watchdog(limit, t0, stop, finished));
+        }
+        let workers: Vec<_> = (0..opts.jobs.min(total.max(1)))
+            .map(|_| s.spawn(|| runner::work(&plan, &done)))
+            .collect();
+        for w in workers {
+            // A worker that panicked has lost only its own run.
+            let _ = w.join();
+        }
+        finished.store(true, Ordering::SeqCst);
+    });
+    let (mut results, _) = sink.into_inner().unwrap_or_else(|p| p.into_inner());
+    let order = |r: &RunResult| {
+        (
+            opts.tasks.iter().position(|&t| t == r.job.task),
+            opts.rotations.iter().position(|&x| x == r.job.rotation),
+            r.job.seed,
+        )
+    };
+    results.sort_by_key(order);
+    let wall = t0.elapsed();
+    let table = report::table(
+        &results,
+        &opts.tasks,
+        &opts.rotations,
+        opts.seeds.len(),
+        opts.quick,
+    );
+    write_files(opts, &out, &results, &table, wall, device)?;
+    let plots = report::plots(&results, &opts.tasks, &out, opts.quick)?;
+    Ok(ReproReport {
+        out,
+        table,
+        results,
+        wall,
+        plots,
+        notice,
+    })
+}
+
+/// Requests a stop once `limit` has passed since `t0`, unless the runs
+/// finished first.
+fn watchdog(limit: Duration, t0: Instant, stop: &Stop, finished: &AtomicBool) {
+    while !finished.load(Ordering::SeqCst) {
+        if t0.elapsed() >= limit {
+            stop.request();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn progress_line(r: &RunResult, k: usize, total: usize, quick: bool) -> String {
+    let rc = recipe::recipe(r.job.task, quick);
+    let pct = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.1}"));
+    let how = match &r.outcome {
+        Outcome::Finished => String::new(),
+        Outcome::Stopped => format!(" (stopped at step {})", r.steps),
+        Outcome::Skipped => " (skipped: stop requested)".into(),
+        Outcome::Failed(e) => format!(" (failed: {e})"),
+    };
+    format!(
+        "[{k:>3}/{total}] {:<28} scaled acc {} at size {}, {} at {}; {:.1} s{how}",
+        r.job.name(),
+        pct(r.scaled_at(rc.eval_len)),
+        rc.eval_len,
+        pct(r.scaled_at(rc.train_len)),
+        rc.train_len,
+        r.wall.as_secs_f64(),
+    )
+}
+
+fn write_files(
+    opts: &ReproOptions,
+    out: &Path,
+    results: &[RunResult],
+    table: &str,
+    wall: Duration,
+    device: Device,
+) -> Result<(), ReproError> {
+    let mut md = format!(
+        "# State tracking (Mamba-3 paper, Table 5b)\n\n\
+         Scaled accuracy (%, chance 0, perfect 100) at the reported size: mean [min, max] \
+         over seeds {:?}, {} on {}{}; wall time {:.0} s with {} runs at once.\n\n",
+        opts.seeds,
+        opts.precision.name(),
+        device.name(),
+        if opts.quick {
+            ", quick (smoke-test) recipes"
+        } else {
+            ""
+        },
+        wall.as_secs_f64(),
+        opts.jobs
+    );
+    md.push_str(table);
+    md.push_str("\n## Recipes\n\n");
+    for &t in &opts.tasks {
+        let r = recipe::recipe(t, opts.quick);
+        md.push_str(&format!(
+            "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
+             --eval-lens {},{} --curriculum {} --steps {} --batch {} --lr {} --min-lr {}`, \
+             d_state {}, softplus A, no weight decay, clip 1\n",
+            recipe::column(t),
+            t.name(),
+            r.n_layer,
+            r.d_model,
+            r.headdim,
+            r.train_len,
+            r.train_len,
+            r.eval_len,
+            r.curriculum,
+            r.steps,
+            r.batch,
+            r.lr,
+            r.min_lr,
+            if opts.quick { 8 } else { recipe::D_STATE },
+        ));
+    }
+    md.push_str("\n## Runs\n\n");
+    md.push_str(&report::runs_table(results, opts.quick));
+    let path = out.join("table.md");
+    std::fs::write(&path, md).map_err(io(&path))?;
+    let mut tj = report::table_json(results, &opts.tasks, &opts.rotations, opts.quick);
+    tj["precision"] = json!(opts.precision.name());
+    tj["device"] = json!(device.name());
+    tj["seeds"] = json!(opts.seeds);
+    tj["quick"] = json!(opts.quick);
+    tj["jobs"] = json!(opts.jobs);
+    tj["wall_s"] = json!(wall.as_secs_f64());
+    let path = out.join("table.json");
+    let text = serde_json::to_string_pretty(&tj).unwrap_or_else(|_| tj.to_string());
+    std::fs::write(&path, text).map_err(io(&path))?;
+    report::merge_metrics(results, &out.join("metrics.jsonl"))
+}

@@ -1,0 +1,272 @@
+//! What the reproduction reports: the table (mean and spread of scaled
+//! accuracy per cell beside the paper's number), one line per run with the
+//! dynamics that tell a run that generalizes from one that does not, and
+//! the files: `table.md`, `table.json`, `results.jsonl`, `metrics.jsonl`
+//! (every run's metrics, tagged with the run) and one accuracy-over-steps
+//! plot per task.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use super::ReproError;
+use super::recipe::{column, paper, recipe, row};
+use super::runner::{Outcome, RunResult};
+use crate::train::Rotation;
+use crate::train::data::Task;
+use crate::train::plot::{Line, eval_accuracy, write_lines_plot};
+use crate::train::report::METRICS_FILE;
+
+/// Mean, spread and count of one cell's scaled accuracies (%).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cell {
+    /// Mean over finished runs.
+    pub mean: f64,
+    /// Lowest.
+    pub min: f64,
+    /// Highest.
+    pub max: f64,
+    /// Finished runs it covers.
+    pub n: usize,
+}
+
+/// The cell of `(task, rotation)` over the finished runs' scaled accuracy
+/// at the reported length; `None` when no run finished.
+pub fn cell(results: &[RunResult], task: Task, rotation: Rotation, quick: bool) -> Option<Cell> {
+    let len = recipe(task, quick).eval_len;
+    let v: Vec<f64> = results
+        .iter()
+        .filter(|r| r.job.task == task && r.job.rotation == rotation)
+        .filter(|r| r.outcome == Outcome::Finished)
+        .filter_map(|r| r.scaled_at(len))
+        .collect();
+    let n = v.len();
+    (n > 0).then(|| Cell {
+        mean: v.iter().sum::<f64>() / f64::from(u32::try_from(n).unwrap_or(u32::MAX)),
+        min: v.iter().copied().fold(f64::INFINITY, f64::min),
+        max: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        n,
+    })
+}
+
+/// The table as markdown: one row per rotation mode, one column per task,
+/// `mean [min, max]` of the scaled accuracy beside the paper's number.
+pub fn table(
+    results: &[RunResult],
+    tasks: &[Task],
+    rotations: &[Rotation],
+    seeds: usize,
+    quick: bool,
+) -> String {
+    let mut out = String::from("| model |");
+    for &t in tasks {
+        let _ = write!(out, " {} |", column(t));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(tasks.len()));
+    out.push('\n');
+    for &r in rotations {
+        let _ = write!(out, "| {} |", row(r));
+        for &t in tasks {
+            let ours = cell(results, t, r, quick).map_or_else(
+                || "n/a".to_owned(),
+                |c| {
+                    let partial = if c.n < seeds {
+                        format!(" ({}/{seeds} runs)", c.n)
+                    } else {
+                        String::new()
+                    };
+                    format!("{:.1} [{:.1}, {:.1}]{partial}", c.mean, c.min, c.max)
+                },
+            );
+            let theirs = paper(t, r).map_or_else(String::new, |p| format!(" (paper {p:.2})"));
+            let _ = write!(out, " {ours}{theirs} |");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Per layer, `f` of the run's last dynamics probe, as `a / b / c`.
+fn per_layer(
+    r: &RunResult,
+    f: impl Fn(&crate::train::dynamics::LayerDynamics) -> String,
+) -> String {
+    r.dynamics.as_ref().map_or_else(
+        || "-".into(),
+        |d| d.layers.iter().map(f).collect::<Vec<_>>().join(" / "),
+    )
+}
+
+/// One markdown line per run: outcome, scaled accuracy at the training and
+/// the reported length, the training-length loss, and the dynamics.
+pub fn runs_table(results: &[RunResult], quick: bool) -> String {
+    let mut out = String::from(
+        "| run | outcome | steps | wall s | scaled acc @train | scaled acc @report | \
+         loss @train | last train loss | retention (best head, per layer) | \
+         lattice error rad (per layer) | max angle step /pi |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in results {
+        let rc = recipe(r.job.task, quick);
+        let pct = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.1}"));
+        let loss_train = r
+            .eval
+            .iter()
+            .find(|e| e.length == Some(rc.train_len))
+            .map_or_else(|| "-".into(), |e| format!("{:.4}", e.loss));
+        let outcome = match &r.outcome {
+            Outcome::Finished => "finished".to_owned(),
+            Outcome::Stopped => "stopped".to_owned(),
+            Outcome::Skipped => "skipped".to_owned(),
+            Outcome::Failed(e) => format!("failed: {}", e.replace('|', "/")),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {outcome} | {}/{} | {:.1} | {} | {} | {loss_train} | {} | {} | {} | {} |",
+            r.job.name(),
+            r.steps,
+            r.total_steps,
+            r.wall.as_secs_f64(),
+            pct(r.scaled_at(rc.train_len)),
+            pct(r.scaled_at(rc.eval_len)),
+            r.last_loss
+                .map_or_else(|| "-".into(), |l| format!("{l:.4}")),
+            per_layer(r, |l| format!("{:.3}", l.retention_best)),
+            per_layer(r, |l| l
+                .lattice_error
+                .map_or_else(|| "none".into(), |e| format!("{e:.4}"))),
+            per_layer(r, |l| format!("{:.2}", l.angle_max)),
+        );
+    }
+    out
+}
+
+/// One JSON object describing a run (a line of `results.jsonl`).
+pub fn result_json(r: &RunResult, quick: bool) -> Value {
+    let rc = recipe(r.job.task, quick);
+    json!({
+        "run": r.job.name(),
+        "task": r.job.task.name(),
+        "rotation": r.job.rotation.name(),
+        "seed": r.job.seed,
+        "outcome": match &r.outcome {
+            Outcome::Finished => "finished".to_owned(),
+            Outcome::Stopped => "stopped".to_owned(),
+            Outcome::Skipped => "skipped".to_owned(),
+            Outcome::Failed(e) => format!("failed: {e}"),
+        },
+        "steps": r.steps,
+        "total_steps": r.total_steps,
+        "wall_s": r.wall.as_secs_f64(),
+        "train_len": rc.train_len,
+        "report_len": rc.eval_len,
+        "scaled_accuracy_train": r.scaled_at(rc.train_len),
+        "scaled_accuracy_report": r.scaled_at(rc.eval_len),
+        "eval": r.eval.iter().map(|e| json!({
+            "set": e.label, "length": e.length, "loss": e.loss, "accuracy": e.accuracy,
+            "count": e.count,
+        })).collect::<Vec<_>>(),
+        "last_train_loss": r.last_loss,
+        "dynamics": r.dynamics,
+        "dir": r.dir.display().to_string(),
+    })
+}
+
+/// The table as JSON: every cell's numbers beside the paper's.
+pub fn table_json(
+    results: &[RunResult],
+    tasks: &[Task],
+    rotations: &[Rotation],
+    quick: bool,
+) -> Value {
+    let cells: Vec<Value> = rotations
+        .iter()
+        .flat_map(|&r| tasks.iter().map(move |&t| (t, r)))
+        .map(|(t, r)| {
+            let c = cell(results, t, r, quick);
+            json!({
+                "task": t.name(), "rotation": r.name(), "model": row(r), "column": column(t),
+                "report_len": recipe(t, quick).eval_len,
+                "mean": c.map(|c| c.mean), "min": c.map(|c| c.min), "max": c.map(|c| c.max),
+                "runs": c.map_or(0, |c| c.n), "paper": paper(t, r),
+            })
+        })
+        .collect();
+    json!({ "cells": cells })
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReproError {
+    let path = path.to_path_buf();
+    move |source| ReproError::Io { path, source }
+}
+
+/// Writes every run's `metrics.jsonl` into one file, each line tagged with
+/// its run's name (`"run": "parity-data-s0"`).
+pub fn merge_metrics(results: &[RunResult], path: &Path) -> Result<(), ReproError> {
+    let file = std::fs::File::create(path).map_err(io(path))?;
+    let mut out = std::io::BufWriter::new(file);
+    for r in results {
+        let src = r.dir.join(METRICS_FILE);
+        let Ok(f) = std::fs::File::open(&src) else {
+            continue;
+        };
+        for line in BufReader::new(f).lines() {
+            let line = line.map_err(io(&src))?;
+            let Ok(Value::Object(mut v)) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            v.insert("run".into(), json!(r.job.name()));
+            writeln!(out, "{}", Value::Object(v)).map_err(io(path))?;
+        }
+    }
+    out.flush().map_err(io(path))
+}
+
+/// One plot per task: the scaled accuracy at the reported length over
+/// steps, one line per run, a colour per rotation mode. Returns the files.
+pub fn plots(
+    results: &[RunResult],
+    tasks: &[Task],
+    dir: &Path,
+    quick: bool,
+) -> Result<Vec<PathBuf>, ReproError> {
+    let mut written = Vec::new();
+    for &task in tasks {
+        let label = format!("len {}", recipe(task, quick).eval_len);
+        let mut lines = Vec::new();
+        for r in results.iter().filter(|r| r.job.task == task) {
+            let Ok(series) = eval_accuracy(&r.dir) else {
+                continue;
+            };
+            let Some(points) = series.get(&label) else {
+                continue;
+            };
+            let group = match r.job.rotation {
+                Rotation::Data => 0,
+                Rotation::Fixed => 1,
+                Rotation::None => 2,
+            };
+            lines.push(Line {
+                label: row(r.job.rotation).to_owned(),
+                group,
+                points: points
+                    .iter()
+                    .map(|&(s, a)| (s, 100.0 * task.scaled_accuracy(a / 100.0)))
+                    .collect(),
+            });
+        }
+        let path = dir.join(format!("accuracy-{}.svg", task.name()));
+        let title = format!(
+            "{}: scaled accuracy at size {} over steps",
+            column(task),
+            recipe(task, quick).eval_len
+        );
+        write_lines_plot(&path, &title, "scaled accuracy (%)", (-25.0, 100.0), &lines)
+            .map_err(ReproError::Train)?;
+        written.push(path);
+    }
+    Ok(written)
+}

@@ -1,0 +1,150 @@
+//! The modular-arithmetic tasks of the state-tracking benchmark the Mamba-3
+//! paper takes from Grazzi et al. (2025), who take them from the xLSTM
+//! paper's formal-language suite (Beck et al., 2024): numbers `0..5`, the
+//! operators `+ - *`, every result modulo 5 (5 answer classes, so chance is
+//! 1/5 and the paper's scaled accuracy is `(acc - 0.2) / 0.8`).
+//!
+//! * [`precedence`] — *without brackets*: `a_1 o_1 a_2 .. o_{n-1} a_n = r`
+//!   evaluated with the usual precedence (`*` before `+ -`), as the xLSTM
+//!   generator computes it. The state is (sum so far, current product
+//!   term, its sign), a finite automaton, but not a group: `* 0` erases.
+//! * [`brackets`] — *with brackets*: the recursive grammar of Grazzi et
+//!   al.'s generator. An expression of exactly `n` tokens is, for `n < 5`,
+//!   one of `a`, `- a`, `( a )`, `( - a )`; longer ones are
+//!   `( L o R )` with `o` uniform over `+ - *`, the left part's length
+//!   uniform in `1..=n-4` and the right part taking the remaining `n - 3 -
+//!   |L|` tokens. Every binary operation is bracketed, so precedence never
+//!   matters; nesting does (a closing bracket must restore the enclosing
+//!   expression's partial value), which is what makes this the hardest
+//!   column of the paper's table.
+//!
+//! Token ids are task-local: operands 0-4, then the operators, brackets,
+//! `=` and `PAD` (see [`super::tasks`] for each task's table).
+
+use rand::Rng;
+use rand_chacha::ChaCha20Rng;
+
+/// The modulus of both tasks.
+pub const MODULUS: u32 = 5;
+
+/// `+`, `-`, `*` (both tasks).
+pub const PLUS: u32 = 5;
+/// `-` (binary in both tasks; also unary in `brackets`).
+pub const MINUS: u32 = 6;
+/// `*`.
+pub const TIMES: u32 = 7;
+/// `(` (brackets only).
+pub const OPEN: u32 = 8;
+/// `)` (brackets only).
+pub const CLOSE: u32 = 9;
+
+/// `=` of the task without brackets (the one after `*`).
+pub const PRECEDENCE_EQ: u32 = 8;
+/// `=` of the task with brackets (the one after `)`).
+pub const BRACKETS_EQ: u32 = 10;
+
+/// `n` operands joined by `n - 1` random operators (`2n - 1` tokens) and
+/// the expression's value under the usual precedence, modulo 5.
+pub fn precedence(n: usize, rng: &mut ChaCha20Rng) -> (Vec<u32>, u32) {
+    let mut tokens = Vec::with_capacity(2 * n);
+    let first: u32 = rng.random_range(0..MODULUS);
+    tokens.push(first);
+    // sum of the finished terms, the term being multiplied, its sign
+    let (mut sum, mut term, mut negative) = (0u32, first, false);
+    for _ in 1..n {
+        let op: u32 = rng.random_range(PLUS..=TIMES);
+        let a: u32 = rng.random_range(0..MODULUS);
+        tokens.extend([op, a]);
+        if op == TIMES {
+            term = term * a % MODULUS;
+        } else {
+            sum = add_signed(sum, term, negative);
+            term = a;
+            negative = op == MINUS;
+        }
+    }
+    (tokens, add_signed(sum, term, negative))
+}
+
+/// `sum ± term` modulo 5.
+fn add_signed(sum: u32, term: u32, negative: bool) -> u32 {
+    if negative {
+        (sum + MODULUS - term) % MODULUS
+    } else {
+        (sum + term) % MODULUS
+    }
+}
+
+/// A bracketed expression of exactly `n >= 1` tokens (the grammar of the
+/// module docs) and its value modulo 5.
+///
+/// Recursion depth is at most `n / 4 + 1`; callers bound `n`
+/// (`Task::max_len`).
+pub fn brackets(n: usize, rng: &mut ChaCha20Rng) -> (Vec<u32>, u32) {
+    let mut tokens = Vec::with_capacity(n);
+    let value = bracketed(n.max(1), rng, &mut tokens);
+    (tokens, value)
+}
+
+fn bracketed(n: usize, rng: &mut ChaCha20Rng, out: &mut Vec<u32>) -> u32 {
+    let negate = |v: u32| (MODULUS - v) % MODULUS;
+    if n < 5 {
+        let a: u32 = rng.random_range(0..MODULUS);
+        return match n {
+            1 => {
+                out.push(a);
+                a
+            }
+            2 => {
+                out.extend([MINUS, a]);
+                negate(a)
+            }
+            3 => {
+                out.extend([OPEN, a, CLOSE]);
+                a
+            }
+            _ => {
+                out.extend([OPEN, MINUS, a, CLOSE]);
+                negate(a)
+            }
+        };
+    }
+    let left_len = rng.random_range(1..=n - 4);
+    let right_len = n - 3 - left_len;
+    let op: u32 = rng.random_range(PLUS..=TIMES);
+    out.push(OPEN);
+    let left = bracketed(left_len, rng, out);
+    out.push(op);
+    let right = bracketed(right_len, rng, out);
+    out.push(CLOSE);
+    match op {
+        PLUS => (left + right) % MODULUS,
+        MINUS => (left + MODULUS - right) % MODULUS,
+        _ => left * right % MODULUS,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    #[test]
+    fn every_length_is_exact() {
+        let mut rng = ChaCha20Rng::seed_from_u64(7);
+        for n in 1..200 {
+            assert_eq!(brackets(n, &mut rng).0.len(), n);
+            assert_eq!(precedence(n, &mut rng).0.len(), 2 * n - 1);
+        }
+    }
+
+    #[test]
+    fn short_forms() {
+        let mut rng = ChaCha20Rng::seed_from_u64(8);
+        let (t, v) = brackets(2, &mut rng);
+        assert_eq!((t[0], (t[1] + v) % MODULUS), (MINUS, 0));
+        let (t, v) = brackets(3, &mut rng);
+        assert_eq!((t[0], t[1], t[2]), (OPEN, v, CLOSE));
+    }
+}
