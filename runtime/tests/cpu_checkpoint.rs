@@ -12,7 +12,7 @@ use stepgraph::mamba3::checkpoint::{
     self, CheckpointError, config_from_json_str, config_to_json, write_tensors,
 };
 use stepgraph::mamba3::cpu::{ScanMode, Weights, forward, param_specs};
-use stepgraph::mamba3::{AActivation, ConfigError, Mamba3Config, RopeFraction};
+use stepgraph::mamba3::{AActivation, ConfigError, Mamba3Config, RopeAngles, RopeFraction};
 
 fn named(cfg: &Mamba3Config, w: &Weights<f64>) -> Vec<(String, Vec<usize>, Vec<f64>)> {
     w.named(cfg)
@@ -179,6 +179,15 @@ fn config_json_uses_official_fields() {
     let sj = config_to_json(&soft).unwrap();
     assert_eq!(sj["ssm_cfg"]["A_activation"], "softplus");
     assert_eq!(config_from_json_str(&sj.to_string()).unwrap(), soft);
+    // Likewise the standard-RoPE ablation's fixed angles.
+    assert!(json["ssm_cfg"].get("rope_angles").is_none());
+    let fixed = Mamba3Config {
+        rope_angles: RopeAngles::Fixed,
+        ..soft
+    };
+    let fj = config_to_json(&fixed).unwrap();
+    assert_eq!(fj["ssm_cfg"]["rope_angles"], "fixed");
+    assert_eq!(config_from_json_str(&fj.to_string()).unwrap(), fixed);
 }
 
 /// An edit applied to a valid `config.json` value.
@@ -187,7 +196,7 @@ type Edit = dyn Fn(&mut serde_json::Value);
 #[test]
 fn bad_config_json_names_the_field() {
     let base = config_to_json(&Mamba3Config::tiny()).unwrap();
-    let cases: [(&Edit, &str); 10] = [
+    let cases: [(&Edit, &str); 11] = [
         (&|v| v["bogus"] = 1.into(), "bogus"),
         (&|v| v["ssm_cfg"]["bogus"] = 1.into(), "ssm_cfg.bogus"),
         (
@@ -209,6 +218,10 @@ fn bad_config_json_names_the_field() {
         (
             &|v| v["ssm_cfg"]["A_activation"] = "relu".into(),
             "ssm_cfg.A_activation",
+        ),
+        (
+            &|v| v["ssm_cfg"]["rope_angles"] = "random".into(),
+            "ssm_cfg.rope_angles",
         ),
     ];
     for (edit, field) in cases {

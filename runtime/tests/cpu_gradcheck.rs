@@ -2,7 +2,9 @@
 //! sampled entries of every parameter tensor, over configs covering
 //! rope_fraction 0.5 and 1.0, ngroups 1 and 2, is_outproj_norm on and off,
 //! tied and untied heads, B > 1, T = 130 (three chunks of 64), a carried-in
-//! state, and both scan forms (each differentiated by its own reverse pass).
+//! state, both scan forms (each differentiated by its own reverse pass), and
+//! the fixed-RoPE rotation (`--rotation fixed`), whose angles depend on no
+//! parameter.
 
 mod cpu_common;
 
@@ -12,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use stepgraph::mamba3::cpu::{
     ModelState, ScanMode, Tokens, Weights, backward, forward, param_specs,
 };
-use stepgraph::mamba3::{AActivation, Mamba3Config, RopeFraction};
+use stepgraph::mamba3::{AActivation, Mamba3Config, RopeAngles, RopeFraction};
 
 /// Entries checked per tensor: its largest-gradient entry plus this many
 /// random ones among entries with a gradient of non-negligible size.
@@ -143,4 +145,88 @@ fn gradients_softplus_a() {
     };
     let worst = check(&cfg, 2, 40, 41, false, ScanMode::Recurrent);
     eprintln!("max relative error (softplus A, rope 0.5, G 1): {worst:e}");
+}
+
+#[test]
+fn gradients_fixed_rope_recurrent_carried() {
+    let cfg = Mamba3Config {
+        rope_angles: RopeAngles::Fixed,
+        a_activation: AActivation::Softplus,
+        ..tiny(RopeFraction::Half, 1, false, true)
+    };
+    let worst = check(&cfg, 2, 40, 43, true, ScanMode::Recurrent);
+    eprintln!("max relative error (fixed RoPE, carried state, recurrent): {worst:e}");
+}
+
+#[test]
+fn gradients_fixed_rope_full_chunked() {
+    let cfg = Mamba3Config {
+        rope_angles: RopeAngles::Fixed,
+        ..tiny(RopeFraction::Full, 2, true, false)
+    };
+    let worst = check(&cfg, 2, 130, 61, false, ScanMode::Chunked);
+    eprintln!("max relative error (fixed RoPE, rope 1.0, G 2, chunked): {worst:e}");
+}
+
+/// Fixed RoPE turns pair `s` by `omega_s = 10000^(-s / S)` per token, in
+/// every head, whatever the weights: `phi_t = (t + 1) omega_s mod 2 pi`, the
+/// angle rows of `in_proj` get an exactly zero gradient and changing them
+/// changes nothing, while the rotation itself still shapes the loss.
+#[test]
+fn fixed_rope_angles_ignore_the_angle_rows() {
+    let cfg = Mamba3Config {
+        rope_angles: RopeAngles::Fixed,
+        ..tiny(RopeFraction::Half, 1, false, true)
+    };
+    let (len, nh, ns) = (20, cfg.nheads(), cfg.num_rope_angles());
+    let mut w = random_weights(&cfg, 51);
+    let tokens = random_tokens(&cfg, 2, len, 52);
+    let fwd = forward(&cfg, &w, &tokens, None, ScanMode::Chunked).expect("forward");
+    let omega = cfg.rope_frequencies();
+    assert_eq!(omega.len(), ns);
+    assert!((omega[0] - 1.0).abs() < 1e-15 && omega[ns - 1] < omega[0]);
+    let phi = &fwd.blocks[0].mixer.phi;
+    for b in 0..2 {
+        for h in 0..nh {
+            for t in 0..len {
+                for (s, &om) in omega.iter().enumerate() {
+                    let want = (f64::from(u32::try_from(t + 1).unwrap()) * om)
+                        .rem_euclid(std::f64::consts::TAU);
+                    let got = phi[((b * nh + h) * len + t) * ns + s];
+                    assert!(
+                        (got - want).abs() < 1e-9,
+                        "phi[{b},{h},{t},{s}] {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+    let grads = backward(&cfg, &w, &fwd);
+    let layout = cfg.in_proj_layout();
+    let in_proj = |w: &Weights<f64>| w.layers[0].in_proj.clone();
+    let g = &grads.layers[0].in_proj;
+    let angle_rows = layout.angles * cfg.d_model..layout.width * cfg.d_model;
+    assert!(g[angle_rows.clone()].iter().all(|&x| x == 0.0));
+    assert!(g[..angle_rows.start].iter().any(|&x| x != 0.0));
+    let before = fwd.loss;
+    let saved = in_proj(&w);
+    for v in &mut w.layers[0].in_proj[angle_rows] {
+        *v += 0.7;
+    }
+    let after = forward(&cfg, &w, &tokens, None, ScanMode::Chunked).expect("forward");
+    assert_eq!(
+        after.loss.to_bits(),
+        before.to_bits(),
+        "angle rows change nothing"
+    );
+    w.layers[0].in_proj = saved;
+    let data = Mamba3Config {
+        rope_angles: RopeAngles::Data,
+        ..cfg.clone()
+    };
+    let other = forward(&data, &w, &tokens, None, ScanMode::Chunked).expect("forward");
+    assert!(
+        (other.loss - before).abs() > 1e-6,
+        "fixed and data angles differ"
+    );
 }

@@ -142,12 +142,12 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
     Recipe {
         d_model: 16,
         headdim: 8,
-        train_len: full.train_len.min(8),
-        eval_len: full.train_len.min(8) * 2,
+        train_len: 4,
+        eval_len: 8,
         curriculum: 0,
-        steps: 6,
+        steps: 4,
         batch: 4,
-        eval_every: 3,
+        eval_every: 2,
         ..full
     }
 }

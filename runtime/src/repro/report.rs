@@ -264,7 +264,9 @@ pub fn plots(
             column(task),
             recipe(task, quick).eval_len
         );
-        write_lines_plot(&path, &title, "scaled accuracy (%)", (-25.0, 100.0), &lines)
+        // Below chance, scaled accuracy goes down to -chance / (1 - chance).
+        let floor = 100.0 * task.scaled_accuracy(0.0);
+        write_lines_plot(&path, &title, "scaled accuracy (%)", (floor, 100.0), &lines)
             .map_err(ReproError::Train)?;
         written.push(path);
     }

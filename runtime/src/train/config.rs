@@ -669,3 +669,21 @@ fn flag_error(size: &ModelSize, e: ConfigError) -> TrainError {
     };
     invalid(flag, reason)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Rotation;
+
+    #[test]
+    fn rotation_reads_runs_saved_before_it_and_round_trips() {
+        let read = |s: &str| serde_json::from_str::<Rotation>(s).unwrap();
+        assert_eq!(read("true"), Rotation::Data, "a run saved with rotation on");
+        assert_eq!(read("false"), Rotation::None, "a --no-rotation run");
+        for r in Rotation::ALL {
+            let text = serde_json::to_string(&r).unwrap();
+            assert_eq!(text, format!("\"{}\"", r.name()));
+            assert_eq!(read(&text), r);
+        }
+        assert!(serde_json::from_str::<Rotation>("\"spin\"").is_err());
+    }
+}

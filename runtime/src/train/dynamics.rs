@@ -46,10 +46,11 @@ pub struct LayerDynamics {
     /// Largest rotation increment of any token, head and pair, in units of
     /// pi (how far the angles have grown from their start near 0).
     pub angle_max: f64,
-    /// For a task modulo `m`: the rotating channel (head, pair) whose worst
-    /// per-token increment lies closest to a multiple of `2 pi / m`, and
-    /// that distance in radians (`None`: no channel turns any token by at
-    /// least half a step, `pi / m`).
+    /// For a task modulo `m`: among the channels (head, pair) that tell
+    /// tokens apart (two token ids whose increments differ by at least half
+    /// a step, `pi / m`), the one whose worst per-token increment lies
+    /// closest to a multiple of `2 pi / m`, and that distance in radians
+    /// (`None`: no such channel; fixed or no rotation has none).
     pub lattice_error: Option<f64>,
     /// That channel as `[head, pair]`.
     pub lattice_channel: Option<[usize; 2]>,
@@ -182,10 +183,11 @@ fn layer(cfg: &Mamba3Config, x: Heads<'_>, ids: &[usize], task: Task) -> LayerDy
     if let Some(step) = step {
         for c in 0..nh * ns {
             let tokens = &acc[c * vocab..(c + 1) * vocab];
-            let turns = tokens
+            // A channel that turns every token alike tells no tokens apart.
+            let means: Vec<f64> = tokens.iter().filter_map(mean).collect();
+            let turns = means
                 .iter()
-                .filter_map(mean)
-                .any(|m| m.abs() >= step / 2.0);
+                .any(|&a| means.iter().any(|&b| wrap(a - b).abs() >= step / 2.0));
             let worst = tokens.iter().map(|e| e.3).fold(0.0, f64::max);
             if turns && best.is_none_or(|(w, _)| worst < w) {
                 best = Some((worst, c));

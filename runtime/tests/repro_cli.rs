@@ -1,0 +1,186 @@
+//! Issue 16: `stepgraph repro state-tracking` end to end on the CPU with the
+//! smoke-test recipes (every cell of the table, the table beside the paper's
+//! numbers, the files it promises), its usage errors, and `train
+//! --rotation`.
+
+mod cli_common;
+
+use cli_common::{TINY, stepgraph, text};
+use serde_json::Value;
+
+#[test]
+fn the_quick_table_runs_end_to_end_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = stepgraph(
+        &[
+            "repro",
+            "state-tracking",
+            "--quick",
+            "--device",
+            "cpu",
+            "--seeds",
+            "1",
+            "--out",
+            "table",
+        ],
+        dir.path(),
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    for needle in [
+        "[  9/9]",
+        "| model | Parity | Arith w/o brackets | Arith w/ brackets |",
+        "| Mamba-3 | ",
+        "(paper 100.00)",
+        "| Mamba-3 w/ standard RoPE | ",
+        "(paper 20.70)",
+        "| Mamba-3 w/o RoPE | ",
+        "(paper 0.72)",
+        "wall time",
+    ] {
+        assert!(stdout.contains(needle), "`{needle}` not in\n{stdout}");
+    }
+    let t = dir.path().join("table");
+    for f in [
+        "table.md",
+        "table.json",
+        "results.jsonl",
+        "metrics.jsonl",
+        "accuracy-parity.svg",
+        "accuracy-modarith-prec.svg",
+        "accuracy-modarith-brackets.svg",
+        "runs/parity-fixed-s0/metrics.jsonl",
+        "runs/modarith-brackets-none-s0/plot.svg",
+    ] {
+        assert!(t.join(f).is_file(), "{f} missing");
+    }
+    let table: Value =
+        serde_json::from_str(&std::fs::read_to_string(t.join("table.json")).unwrap()).unwrap();
+    let cells = table["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 9);
+    assert!(
+        cells
+            .iter()
+            .all(|c| c["runs"] == 1 && c["mean"].is_number())
+    );
+    let results = std::fs::read_to_string(t.join("results.jsonl")).unwrap();
+    assert_eq!(results.lines().count(), 9);
+    for line in results.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(r["outcome"], "finished", "{line}");
+        assert!(r["dynamics"]["layers"].is_array(), "{line}");
+    }
+    // Every run's metrics, tagged with the run, dynamics probes included.
+    let metrics = std::fs::read_to_string(t.join("metrics.jsonl")).unwrap();
+    let tagged: Vec<Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(tagged.iter().all(|v| v["run"].is_string()));
+    assert!(
+        tagged
+            .iter()
+            .any(|v| v["kind"] == "dynamics" && v["run"] == "modarith-prec-data-s0")
+    );
+    let md = std::fs::read_to_string(t.join("table.md")).unwrap();
+    assert!(
+        md.contains("## Runs") && md.contains("parity-none-s0"),
+        "{md}"
+    );
+}
+
+fn usage(args: &[&str], needle: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = stepgraph(args, dir.path());
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: `{needle}` not in\n{err}");
+    assert!(err.starts_with("error: "), "{err}");
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    usage(
+        &["repro", "state-tracking", "--seeds", "0"],
+        "invalid value '0' for '--seeds <SEEDS>': must be at least 1",
+    );
+    usage(
+        &["repro", "state-tracking", "--tasks", "copy"],
+        "invalid value 'copy' for '--tasks <TASKS>'",
+    );
+    usage(
+        &["repro", "state-tracking", "--precision", "f64"],
+        "invalid value 'f64' for '--precision <PRECISION>'",
+    );
+    usage(&["repro", "tables"], "unrecognized subcommand 'tables'");
+    usage(
+        &["train", "--rotation", "random"],
+        "[possible values: data, fixed, none]",
+    );
+    usage(
+        &["train", "--rotation", "fixed", "--no-rotation"],
+        "'--rotation <ROTATION>' cannot be used with '--no-rotation'",
+    );
+}
+
+#[test]
+fn a_non_empty_out_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("taken")).unwrap();
+    std::fs::write(dir.path().join("taken/x"), "x").unwrap();
+    let out = stepgraph(
+        &[
+            "repro",
+            "state-tracking",
+            "--quick",
+            "--device",
+            "cpu",
+            "--out",
+            "taken",
+        ],
+        dir.path(),
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--out: ") && err.contains("is not empty"),
+        "{err}"
+    );
+}
+
+#[test]
+fn train_rotation_fixed_runs_and_is_saved_with_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["train"];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(&["--rotation", "fixed", "--log-dynamics", "--run-dir", "r"]);
+    let out = stepgraph(&args, dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let run = dir.path().join("r");
+    let ckpt = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    let json = |f: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(ckpt.join(f)).unwrap()).unwrap()
+    };
+    assert_eq!(
+        json("train_state.json")["run"]["model"]["rotation"],
+        "fixed"
+    );
+    assert_eq!(json("config.json")["ssm_cfg"]["rope_angles"], "fixed");
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains("\"kind\":\"dynamics\""));
+    // The alias of --rotation none: resuming with --rotation data is refused.
+    let out = stepgraph(
+        &["train", "--resume", "r", "--rotation", "data"],
+        dir.path(),
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("has `--rotation fixed`, this command says `--rotation data`"),
+        "{err}"
+    );
+}

@@ -1,0 +1,249 @@
+//! The paper's modular-arithmetic tasks (`modarith-prec`, `modarith-brackets`):
+//! formats, brackets balanced, every answer checked against an independent
+//! evaluator (a recursive-descent parser with the usual precedence, written
+//! here and sharing nothing with the generators), held-out sets disjoint
+//! from training, and the paper's scaled accuracy.
+
+use std::collections::HashSet;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use stepgraph::train::data::tasks::is_eval_instance;
+use stepgraph::train::data::{DataSpec, Dataset, Task};
+
+const PLUS: u32 = 5;
+const MINUS: u32 = 6;
+const TIMES: u32 = 7;
+const OPEN: u32 = 8;
+const CLOSE: u32 = 9;
+
+/// `expr := term (('+' | '-') term)*`, `term := unary ('*' unary)*`,
+/// `unary := '-' unary | atom`, `atom := digit | '(' expr ')'`, in plain
+/// integers; `None` for anything that does not parse to the end.
+struct Parser<'a> {
+    t: &'a [u32],
+    at: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u32> {
+        self.t.get(self.at).copied()
+    }
+
+    fn expr(&mut self) -> Option<i64> {
+        let mut v = self.term()?;
+        while let Some(op @ (PLUS | MINUS)) = self.peek() {
+            self.at += 1;
+            let r = self.term()?;
+            v = if op == PLUS { v + r } else { v - r };
+        }
+        Some(v)
+    }
+
+    fn term(&mut self) -> Option<i64> {
+        let mut v = self.unary()?;
+        while self.peek() == Some(TIMES) {
+            self.at += 1;
+            v *= self.unary()?;
+            // Keep the integers small; the answer is taken modulo 5 anyway.
+            v = v.rem_euclid(5);
+        }
+        Some(v)
+    }
+
+    fn unary(&mut self) -> Option<i64> {
+        if self.peek() == Some(MINUS) {
+            self.at += 1;
+            return Some(-self.unary()?);
+        }
+        match self.peek()? {
+            d @ 0..5 => {
+                self.at += 1;
+                Some(i64::from(d))
+            }
+            OPEN => {
+                self.at += 1;
+                let v = self.expr()?;
+                (self.peek() == Some(CLOSE)).then(|| self.at += 1)?;
+                Some(v)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The value modulo 5 of a whole expression, or `None` if it is malformed.
+fn evaluate(expr: &[u32]) -> Option<u32> {
+    let mut p = Parser { t: expr, at: 0 };
+    let v = p.expr()?;
+    (p.at == expr.len()).then(|| u32::try_from(v.rem_euclid(5)).ok())?
+}
+
+fn rng(seed: u64) -> ChaCha20Rng {
+    ChaCha20Rng::seed_from_u64(seed)
+}
+
+#[test]
+fn the_evaluator_knows_precedence_brackets_and_unary_minus() {
+    // 2 + 3 * 4 = 14 = 4 (mod 5); (2 + 3) * 4 = 20 = 0; -(3) = 2; 1 - - 2 = 3.
+    assert_eq!(evaluate(&[2, PLUS, 3, TIMES, 4]), Some(4));
+    assert_eq!(evaluate(&[OPEN, 2, PLUS, 3, CLOSE, TIMES, 4]), Some(0));
+    assert_eq!(evaluate(&[OPEN, MINUS, 3, CLOSE]), Some(2));
+    assert_eq!(evaluate(&[1, MINUS, MINUS, 2]), Some(3));
+    assert_eq!(evaluate(&[OPEN, 1]), None);
+    assert_eq!(evaluate(&[1, CLOSE]), None);
+}
+
+#[test]
+fn modarith_prec_answers_follow_precedence() {
+    let mut r = rng(21);
+    let task = Task::ModarithPrec;
+    let (mut differs, mut checked) = (0, 0);
+    for n in [1, 2, 3, 5, 17, 80, 128] {
+        for _ in 0..50 {
+            let ex = task.generate(n, &mut r);
+            let t = &ex.tokens;
+            assert_eq!(t.len(), task.width(n));
+            assert!(t.len() == 2 * n + 1);
+            for (i, &x) in t[..2 * n - 1].iter().enumerate() {
+                if i % 2 == 0 {
+                    assert!(x < 5, "operand");
+                } else {
+                    assert!((PLUS..=TIMES).contains(&x), "operator");
+                }
+            }
+            assert_eq!(t[2 * n - 1], 8, "`=` after the expression");
+            assert_eq!(Some(t[2 * n]), evaluate(&t[..2 * n - 1]));
+            assert_eq!(ex.answers, vec![2 * n - 1]);
+            // Left to right would give another answer for many instances.
+            let mut acc = t[0];
+            for i in 1..n {
+                let (op, a) = (t[2 * i - 1], t[2 * i]);
+                acc = match op {
+                    PLUS => (acc + a) % 5,
+                    MINUS => (acc + 5 - a) % 5,
+                    _ => acc * a % 5,
+                };
+            }
+            differs += usize::from(acc != t[2 * n]);
+            checked += 1;
+        }
+    }
+    assert!(
+        differs * 4 > checked,
+        "precedence matters ({differs}/{checked})"
+    );
+}
+
+#[test]
+fn modarith_brackets_are_balanced_and_answered_right() {
+    let mut r = rng(22);
+    let task = Task::ModarithBrackets;
+    let mut depths = HashSet::new();
+    for n in (1..=40).chain([159, 160, 255, 256]) {
+        for _ in 0..30 {
+            let ex = task.generate(n, &mut r);
+            let t = &ex.tokens;
+            assert_eq!(t.len(), n + 2, "n expression tokens, `=`, answer");
+            let expr = &t[..n];
+            let mut depth = 0i64;
+            let mut deepest = 0;
+            for &x in expr {
+                assert!(x < 10, "expression tokens only: {x}");
+                match x {
+                    OPEN => depth += 1,
+                    CLOSE => depth -= 1,
+                    _ => {}
+                }
+                assert!(depth >= 0, "a `)` before its `(`");
+                deepest = deepest.max(depth);
+            }
+            assert_eq!(depth, 0, "every `(` closed");
+            depths.insert(deepest);
+            assert_eq!(t[n], 10, "`=`");
+            assert_eq!(Some(t[n + 1]), evaluate(expr), "{expr:?}");
+            assert_eq!(ex.answers, vec![n]);
+        }
+    }
+    assert!(
+        depths.iter().any(|&d| d >= 8),
+        "deep nesting occurs: {depths:?}"
+    );
+    assert_eq!(task.pad(), 11);
+    assert_eq!(task.vocab_size(), 12);
+}
+
+#[test]
+fn every_binary_operator_and_short_form_occurs() {
+    let mut r = rng(23);
+    let mut seen = HashSet::new();
+    for _ in 0..200 {
+        let ex = Task::ModarithBrackets.generate(30, &mut r);
+        seen.extend(ex.tokens.windows(2).map(|w| (w[0], w[1])));
+    }
+    // `(-a)`, `a + (`, `) * (`, `) - a`.
+    for pair in [(OPEN, MINUS), (PLUS, OPEN), (TIMES, OPEN), (CLOSE, MINUS)] {
+        assert!(seen.contains(&pair), "{pair:?}");
+    }
+}
+
+#[test]
+fn held_out_sets_are_disjoint_from_training() {
+    for (task, train_len) in [(Task::ModarithPrec, 10), (Task::ModarithBrackets, 20)] {
+        let spec = DataSpec::Task {
+            task,
+            train_len,
+            eval_lens: vec![train_len, 2 * train_len],
+            curriculum: 0,
+        };
+        let mut data = Dataset::new(&spec, 5, 32).unwrap();
+        let eval: HashSet<Vec<u32>> = data
+            .eval_sets()
+            .iter()
+            .flat_map(|s| &s.batches)
+            .flat_map(|b| b.tokens.chunks(b.width).map(<[u32]>::to_vec))
+            .map(|row| row.into_iter().filter(|&t| t != task.pad()).collect())
+            .collect();
+        assert!(eval.iter().all(|t| is_eval_instance(t)), "{task:?}");
+        let mut compared = 0;
+        for _ in 0..20 {
+            let b = data.next_batch(64).unwrap();
+            for row in b.tokens.chunks(b.width) {
+                let inst: Vec<u32> = row.iter().copied().filter(|&t| t != task.pad()).collect();
+                // Tiny instances may be shared (too few exist to keep apart).
+                if inst.len() > 8 {
+                    assert!(!is_eval_instance(&inst), "{task:?}: {inst:?}");
+                    assert!(
+                        !eval.contains(&inst),
+                        "{task:?}: an eval instance in training"
+                    );
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared > 500, "{task:?}: {compared}");
+    }
+}
+
+#[test]
+fn scaled_accuracy_is_zero_at_chance_and_100_when_perfect() {
+    for task in [Task::Parity, Task::ModarithPrec, Task::ModarithBrackets] {
+        assert!(task.scaled_accuracy(task.chance()).abs() < 1e-12);
+        assert!((task.scaled_accuracy(1.0) - 1.0).abs() < 1e-12);
+    }
+    assert!((Task::ModarithBrackets.scaled_accuracy(0.9) - 0.875).abs() < 1e-12);
+    assert_eq!(Task::Parity.modulus(), Some(2));
+    assert_eq!(Task::ModarithBrackets.modulus(), Some(5));
+}
+
+#[test]
+fn the_new_tasks_parse_and_serialize_by_name() {
+    for (name, task) in [
+        ("modarith-prec", Task::ModarithPrec),
+        ("modarith-brackets", Task::ModarithBrackets),
+    ] {
+        assert_eq!(name.parse::<Task>(), Ok(task));
+        assert_eq!(task.name(), name);
+        assert_eq!(serde_json::to_string(&task).unwrap(), format!("\"{name}\""));
+    }
+}
