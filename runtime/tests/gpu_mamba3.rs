@@ -22,7 +22,7 @@ use stepgraph::device::Gpu;
 use stepgraph::graph::TrainingStep;
 use stepgraph::mamba3::cpu::{self, ScanMode, param_specs};
 use stepgraph::mamba3::gpu::{ModelCompute, StepWeights, backward, forward, zero_grads};
-use stepgraph::mamba3::{AActivation, Mamba3Config, RopeFraction};
+use stepgraph::mamba3::{AActivation, Mamba3Config, RopeAngles, RopeFraction};
 use stepgraph::optim::gpu::advance_schedule;
 use stepgraph::optim::{AdamW, AdamWConfig, DecayPolicy};
 use stepgraph::step::{F32Step, Mamba3Step, adamw_step};
@@ -292,7 +292,14 @@ fn f32_loss_logits_and_gradients_match_the_f64_oracle() {
         vocab_size: 50,
         ..Mamba3Config::tiny()
     };
-    configs.push(("tiled d64 N64 G2", tiled, 2, 70));
+    configs.push(("tiled d64 N64 G2", tiled.clone(), 2, 70));
+    // Standard RoPE (`--rotation fixed`): m3_angle_fixed_f32's angles, and
+    // no gradient through them, whatever the (random) angle rows hold.
+    let fixed = Mamba3Config {
+        rope_angles: RopeAngles::Fixed,
+        ..tiled
+    };
+    configs.push(("fixed RoPE d64 N64 G2", fixed, 2, 70));
     oracle_suite::<f32>(&configs, &F32_BOUNDS);
 }
 
@@ -328,7 +335,12 @@ fn bf16_loss_and_gradients_match_the_f64_oracle() {
         ngroups: 2,
         ..base.clone()
     };
-    configs.push(("wider d128 N64 P16 G2", tiled, 2, 65));
+    configs.push(("wider d128 N64 P16 G2", tiled.clone(), 2, 65));
+    let fixed = Mamba3Config {
+        rope_angles: RopeAngles::Fixed,
+        ..tiled
+    };
+    configs.push(("fixed RoPE d128 N64 P16 G2", fixed, 2, 65));
     oracle_suite::<bf16>(&configs, &BF16_BOUNDS);
 }
 

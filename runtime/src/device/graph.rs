@@ -9,6 +9,10 @@
 //! `GLOBAL` would fail those unrelated threads for as long as the capture is
 //! open.
 //!
+//! **Other threads' contexts.** A capture counts itself in the device gate
+//! (`gate.rs`) while it is open, so that a `Gpu` another thread opens or
+//! tears down (a device-wide synchronization) waits for it.
+//!
 //! **Ending.** `end_capture` always ends the capture the driver holds, also
 //! after an op failed, and clears the context's capture flag whatever the
 //! driver says, so the stream is usable afterwards. A capture CUDA invalidated
@@ -104,9 +108,17 @@ impl Backend for Gpu {
                 "begin_capture: a capture is already open",
             ));
         }
-        self.stream
+        // Counted before the driver opens it, so that no other thread's
+        // context-wide work runs while it is open (gate.rs).
+        super::gate::capture_begins();
+        if let Err(e) = self
+            .stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .during("begin a stream capture")?;
+            .during("begin a stream capture")
+        {
+            super::gate::capture_ends();
+            return Err(e);
+        }
         self.shared.capturing.store(true, Ordering::Release);
         Ok(())
     }
@@ -119,6 +131,7 @@ impl Backend for Gpu {
         // invalidated capture returns an error and no graph), so the flag is
         // cleared whatever happens.
         let ended = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        super::gate::capture_ends();
         self.shared.capturing.store(false, Ordering::Release);
         self.current_op.set(None);
         // Buffers dropped inside the capture can be freed now.

@@ -62,6 +62,7 @@
 mod blas;
 mod buffer;
 pub(crate) mod error;
+mod gate;
 mod graph;
 mod modules;
 pub mod nvrtc;
@@ -141,7 +142,10 @@ pub struct DeviceInfo {
 /// from one thread at a time.
 #[derive(Debug)]
 pub struct Gpu {
-    // Field order is drop order: the graph-free parts first, the context last.
+    // Field order is drop order: the graph-free parts first, the context
+    // last, all of it between the two gate fields, so that no other thread's
+    // capture is open while this context tears down (gate.rs).
+    _teardown_begins: gate::TeardownBegins,
     scratch: ScratchSet,
     blas: Blas,
     kernels: FunctionTable,
@@ -150,6 +154,7 @@ pub struct Gpu {
     info: DeviceInfo,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
+    _teardown_ends: gate::TeardownEnds,
 }
 
 impl Gpu {
@@ -203,6 +208,9 @@ impl Gpu {
             });
         }
 
+        // Loading modules and creating cuBLAS touch the whole device: no
+        // other thread's capture may be open meanwhile (gate.rs).
+        let _opening = gate::Exclusive::acquire();
         let ctx = CudaContext::new(opts.ordinal).during("create the CUDA context")?;
         // SAFETY: called before this context allocates anything, so every
         // buffer is untracked; the runtime uses one stream for all work, so
@@ -254,6 +262,7 @@ impl Gpu {
             nvrtc_version,
         };
         let gpu = Gpu {
+            _teardown_begins: gate::TeardownBegins,
             scratch: ScratchSet::new(),
             blas,
             kernels,
@@ -262,6 +271,7 @@ impl Gpu {
             info,
             stream,
             ctx,
+            _teardown_ends: gate::TeardownEnds,
         };
         gpu.presize_scratch(GEMM_WORKSPACE, opts.gemm_workspace.max(1))?;
         gpu.warm_up_blas()?;
