@@ -14,7 +14,8 @@
 //! OUT/table.md        the table, the settings, one line per run
 //! OUT/table.json      the cells (mean, min, max, runs, paper)
 //! OUT/results.jsonl   one object per run, written as each run ends
-//! OUT/metrics.jsonl   every run's metrics.jsonl, each line tagged "run"
+//! OUT/metrics.jsonl   every run's evaluations, dynamics probes and one training
+//!                     step in 10, each line tagged "run"
 //! OUT/accuracy-TASK.svg  scaled accuracy at the reported size over steps
 //! OUT/runs/TASK-ROTATION-sSEED/  each run's own directory (stepgraph train's)
 //! ```

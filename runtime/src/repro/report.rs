@@ -203,8 +203,14 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReproError {
     move |source| ReproError::Io { path, source }
 }
 
+/// Training lines the merged metrics keep: one step in this many (each
+/// run's own `metrics.jsonl` keeps them all).
+pub const TRAIN_LINE_EVERY: u64 = 10;
+
 /// Writes every run's `metrics.jsonl` into one file, each line tagged with
-/// its run's name (`"run": "parity-data-s0"`).
+/// its run's name (`"run": "parity-data-s0"`): every evaluation and
+/// dynamics line, and one training line in [`TRAIN_LINE_EVERY`] (a table's
+/// worth of runs logs hundreds of thousands of steps).
 pub fn merge_metrics(results: &[RunResult], path: &Path) -> Result<(), ReproError> {
     let file = std::fs::File::create(path).map_err(io(path))?;
     let mut out = std::io::BufWriter::new(file);
@@ -218,6 +224,10 @@ pub fn merge_metrics(results: &[RunResult], path: &Path) -> Result<(), ReproErro
             let Ok(Value::Object(mut v)) = serde_json::from_str::<Value>(&line) else {
                 continue;
             };
+            let step = v.get("step").and_then(Value::as_u64).unwrap_or(0);
+            if v.get("kind") == Some(&json!("train")) && !step.is_multiple_of(TRAIN_LINE_EVERY) {
+                continue;
+            }
             v.insert("run".into(), json!(r.job.name()));
             writeln!(out, "{}", Value::Object(v)).map_err(io(path))?;
         }

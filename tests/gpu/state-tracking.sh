@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Issue 16: the Mamba-3 paper's state-tracking table (Table 5b) on one GPU,
+# both precisions, 5 seeds each, in one visit of about 8 minutes. Stage the
+# binary here, run this there (from the repository root, .gpu/ beside it):
+#
+#   bash tests/gpu/stage --no-tests      # here: builds .gpu/bin/stepgraph
+#   bash tests/gpu/state-tracking.sh     # there
+#
+# What comes back (a device call returns at most 8 files from $OUT):
+#   $OUT/summary.txt          timings, both tables, one line per run
+#   $OUT/f32-table.md, $OUT/bf16-table.md
+#   $OUT/state-tracking.tgz   per precision: table.md, table.json,
+#                             results.jsonl, metrics.jsonl (every run's evals,
+#                             dynamics, one step in 10), the plots, the logs
+# The runs' own directories (full metrics, checkpoints) stay in WORK.
+#
+# Steps (each bounded, so the whole visit stays within the budget):
+#   1. a smoke test: `repro state-tracking --quick` (every cell, 2 seeds, 8
+#      runs at once): compiles the kernels into the cache and proves the
+#      concurrent runner on this machine; if any run fails there, the table
+#      runs one run at a time (JOBS=1) instead;
+#   2. the table in f32, then in bf16: `repro state-tracking --seeds 5`,
+#      JOBS runs at once, each stopped after LIMIT seconds (the runs left
+#      are reported as stopped or skipped; the queue goes seed by seed, so
+#      whole seeds finish first).
+#
+# Environment: OUT (default: a temp dir), WORK (the runs; default: a temp
+# dir), BIN (.gpu/bin/stepgraph), JOBS (16), LIMIT (seconds per precision,
+# 190), SEEDS (5).
+set -uo pipefail
+bin=${BIN:-.gpu/bin/stepgraph}
+if [ ! -x "$bin" ]; then
+  echo "no $bin: run 'bash tests/gpu/stage --no-tests' first, or set BIN" >&2
+  exit 2
+fi
+out=${OUT:-$(mktemp -d)}
+root=${WORK:-$(mktemp -d)}
+mkdir -p "$out" "$root"
+jobs=${JOBS:-16}
+limit=${LIMIT:-190}
+seeds=${SEEDS:-5}
+summary="$out/summary.txt"
+: > "$summary"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader \
+  | tee -a "$summary" || true
+nproc | sed 's/^/cpus: /' | tee -a "$summary"
+
+SECONDS=0
+timeout -s INT 120 "$bin" repro state-tracking --quick --seeds 2 --jobs 8 \
+  --out "$root/quick" > "$root/quick.log" 2>&1
+rc=$?
+echo "quick: exit $rc after ${SECONDS} s" | tee -a "$summary"
+if [ $rc -ne 0 ] || grep -q '"outcome":"failed' "$root/quick/results.jsonl" 2>/dev/null; then
+  echo "quick run failed or lost runs: the table runs one at a time" | tee -a "$summary"
+  tail -20 "$root/quick.log" | tee -a "$summary"
+  jobs=1
+fi
+
+for p in f32 bf16; do
+  SECONDS=0
+  # The time limit stops the runs cleanly; the outer timeout only guards
+  # against a hang (the table is then lost, the runs' own files are not).
+  timeout -s INT $((limit + 90)) "$bin" repro state-tracking --seeds "$seeds" \
+    --precision "$p" --jobs "$jobs" --time-limit "$limit" --out "$root/$p" \
+    > "$root/$p.log" 2>&1
+  rc=$?
+  echo "$p: exit $rc after ${SECONDS} s (jobs $jobs, limit $limit s)" | tee -a "$summary"
+  sed -n '/^scaled accuracy/,$p' "$root/$p.log" | tee -a "$summary"
+done
+# The per-run table with the dynamics, and what comes back.
+for p in f32 bf16; do
+  echo "== $p runs" >> "$summary"
+  sed -n '/^## Runs/,$p' "$root/$p/table.md" >> "$summary" 2>/dev/null
+  cp "$root/$p/table.md" "$out/$p-table.md" 2>/dev/null
+done
+(cd "$root" && tar czf "$out/state-tracking.tgz" --exclude='*/runs' quick.log f32.log bf16.log \
+  f32 bf16 quick 2>/dev/null)
+ls -l "$out" | tee -a "$summary"
