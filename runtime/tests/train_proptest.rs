@@ -112,7 +112,10 @@ fn job(
     );
     add("--warmup", warmup.to_string());
     add("--weight-decay", pick(&["0", "0.1"], wd).into());
-    add("--decay", pick(&["matrices", "all", "none"], decay).into());
+    add(
+        "--decay",
+        pick(&["matrices", "outputs", "all", "none"], decay).into(),
+    );
     add("--clip", pick(&["0", "0.5", "1"], clip).into());
     add("--seed", seed.to_string());
     add("--eval-every", pick(&[0, 2], eval_every).to_string());

@@ -340,7 +340,7 @@ fn write_files(
             r.batch,
             r.lr,
             r.min_lr,
-            if opts.quick { 8 } else { recipe::D_STATE },
+            recipe::d_state(opts.quick),
         ));
     }
     md.push_str("\n## Runs\n\n");

@@ -162,6 +162,11 @@ pub const D_STATE: usize = 64;
 /// The state size of quick runs.
 const QUICK_D_STATE: usize = 8;
 
+/// The state size of full (`quick` false) or smoke-test runs.
+pub fn d_state(quick: bool) -> usize {
+    if quick { QUICK_D_STATE } else { D_STATE }
+}
+
 impl Recipe {
     /// The run of one cell and seed.
     pub fn run(
@@ -182,7 +187,7 @@ impl Recipe {
             model: ModelSize {
                 d_model: self.d_model,
                 n_layer: self.n_layer,
-                d_state: if quick { QUICK_D_STATE } else { D_STATE },
+                d_state: d_state(quick),
                 headdim: self.headdim,
                 expand: 2,
                 full_rope: false,

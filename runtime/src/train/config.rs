@@ -49,6 +49,12 @@ impl Device {
 pub enum Decay {
     /// The 2-D matrices (embedding, projections).
     Matrices,
+    /// The matrices that scale the output (embedding / LM head, every
+    /// `out_proj`), not `in_proj`, whose decay and angle rows must grow
+    /// large: bounded logits keep the loss, and so the pressure toward
+    /// exact rotations, from vanishing once every training instance is
+    /// right (README, "Seed sensitivity").
+    Outputs,
     /// Every tensor.
     All,
     /// No tensor.
@@ -60,15 +66,23 @@ impl Decay {
     pub fn name(self) -> &'static str {
         match self {
             Self::Matrices => "matrices",
+            Self::Outputs => "outputs",
             Self::All => "all",
             Self::None => "none",
         }
     }
 
-    /// The optimizer's policy.
-    pub fn policy(self) -> DecayPolicy {
+    /// The optimizer's policy over a model's parameters.
+    pub fn policy(self, params: &[crate::optim::Param]) -> DecayPolicy {
         match self {
             Self::Matrices => DecayPolicy::MatricesOnly,
+            Self::Outputs => DecayPolicy::Names(
+                params
+                    .iter()
+                    .filter(|p| p.matrix && !p.name.ends_with("in_proj.weight"))
+                    .map(|p| p.name.clone())
+                    .collect(),
+            ),
             Self::All => DecayPolicy::All,
             Self::None => DecayPolicy::Nothing,
         }
@@ -673,6 +687,31 @@ fn flag_error(size: &ModelSize, e: ConfigError) -> TrainError {
 #[cfg(test)]
 mod tests {
     use super::Rotation;
+
+    #[test]
+    fn outputs_decay_every_matrix_but_in_proj() {
+        let cfg = crate::mamba3::Mamba3Config::tiny();
+        let params = crate::step::params(&cfg);
+        let policy = super::Decay::Outputs.policy(&params);
+        let decayed: Vec<&str> = params
+            .iter()
+            .filter(|p| policy.decays(p))
+            .map(|p| p.name.as_str())
+            .collect();
+        assert!(decayed.iter().any(|n| n.ends_with("embedding.weight")));
+        assert_eq!(
+            decayed
+                .iter()
+                .filter(|n| n.ends_with("out_proj.weight"))
+                .count(),
+            cfg.n_layer
+        );
+        assert!(
+            !decayed
+                .iter()
+                .any(|n| n.contains("in_proj") || n.contains("norm"))
+        );
+    }
 
     #[test]
     fn rotation_reads_runs_saved_before_it_and_round_trips() {

@@ -575,7 +575,7 @@ fn run_in(
             weight_decay: start.run.weight_decay,
             ..AdamWConfig::default()
         },
-        decay: start.run.decay.policy(),
+        decay: start.run.decay.policy(&crate::step::params(&start.cfg)),
         clip: start.run.clip,
         frozen: if start.run.model.rotation.freezes_angle_rows() {
             rotation_rows(&start.cfg)

@@ -114,7 +114,8 @@ pub struct Args {
     /// AdamW decoupled weight decay.
     #[arg(long, default_value_t = 0.1, value_parser = non_negative, allow_negative_numbers = true)]
     weight_decay: f64,
-    /// Which tensors decay: matrices (embedding, projections), all, or none.
+    /// Which tensors decay: matrices (embedding, projections), outputs (the
+    /// embedding / LM head and out_proj: every matrix but in_proj), all, or none.
     #[arg(long, value_enum, default_value_t = DecayArg::Matrices)]
     decay: DecayArg,
     /// Global gradient-norm clip (0: off).
@@ -201,6 +202,7 @@ const TRAIN_PRECISIONS: &[(Precision, &str)] = &[(Precision::F32, ""), (Precisio
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum DecayArg {
     Matrices,
+    Outputs,
     All,
     None,
 }
@@ -292,6 +294,7 @@ fn run_config(a: &Args) -> RunConfig {
         weight_decay: a.weight_decay,
         decay: match a.decay {
             DecayArg::Matrices => Decay::Matrices,
+            DecayArg::Outputs => Decay::Outputs,
             DecayArg::All => Decay::All,
             DecayArg::None => Decay::None,
         },
