@@ -16,6 +16,8 @@ use stepgraph::repro::{ReproOptions, state_tracking};
 use stepgraph::train::data::Task;
 use stepgraph::train::{Device, Rotation, SignalAction, Stop};
 
+use crate::train::DeviceArg;
+
 use crate::parse::{at_least_one, at_least_one_u64};
 
 /// Arguments of `stepgraph repro`.
@@ -74,13 +76,6 @@ struct StArgs {
 const PRECISIONS: &[(Precision, &str)] = &[(Precision::F32, ""), (Precision::Bf16, "")];
 
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum DeviceArg {
-    Auto,
-    Cpu,
-    Cuda,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
 enum TaskArg {
     Parity,
     ModarithPrec,
@@ -95,11 +90,7 @@ enum RotationArg {
 }
 
 fn options(a: &StArgs) -> ReproOptions {
-    let device = match a.device {
-        DeviceArg::Auto => Device::Auto,
-        DeviceArg::Cpu => Device::Cpu,
-        DeviceArg::Cuda => Device::Cuda,
-    };
+    let device: Device = a.device.into();
     ReproOptions {
         seeds: (a.first_seed..a.first_seed.saturating_add(a.seeds)).collect(),
         precision: a.precision,

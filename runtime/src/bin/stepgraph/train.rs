@@ -183,11 +183,22 @@ enum FormatArg {
     U32,
 }
 
+/// `--device`, shared with `repro`.
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum DeviceArg {
+pub enum DeviceArg {
     Auto,
     Cpu,
     Cuda,
+}
+
+impl From<DeviceArg> for Device {
+    fn from(d: DeviceArg) -> Self {
+        match d {
+            DeviceArg::Auto => Device::Auto,
+            DeviceArg::Cpu => Device::Cpu,
+            DeviceArg::Cuda => Device::Cuda,
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -280,11 +291,7 @@ fn run_config(a: &Args) -> RunConfig {
                 AActArg::Softplus => AActivation::Softplus,
             },
         },
-        device: match a.device {
-            DeviceArg::Auto => Device::Auto,
-            DeviceArg::Cpu => Device::Cpu,
-            DeviceArg::Cuda => Device::Cuda,
-        },
+        device: a.device.into(),
         precision: a.precision,
         batch: a.batch,
         steps: a.steps,
