@@ -295,6 +295,14 @@ __device__ void qk_fwd_vec(const float* __restrict__ proj, const float* __restri
             const unsigned long long row = item / d.nheads;
             const unsigned h = (unsigned)(item % d.nheads), g = h / hpg;
             const float* pr = proj + row * d.width;
+            // The angles load first, with the other inputs: sincosf's slow
+            // path is a branch, and a load placed after one waits on its own.
+            float ph[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const unsigned pair = j0 / 2 + i;
+                ph[i] = pair < d.angles ? phi[item * d.angles + pair] : 0.0f;
+            }
             const float rb = rstd_b[row * d.ngroups + g], rc = rstd_c[row * d.ngroups + g];
             float kv[8], qv[8];
 #pragma unroll
@@ -323,7 +331,7 @@ __device__ void qk_fwd_vec(const float* __restrict__ proj, const float* __restri
                 const unsigned pair = j0 / 2 + i;
                 if (pair < d.angles) {
                     float sn, cs;
-                    sincosf(phi[item * d.angles + pair], &sn, &cs);
+                    sincosf(ph[i], &sn, &cs);
                     m3_rotate(kv[2 * i], kv[2 * i + 1], sn, cs);
                     m3_rotate(qv[2 * i], qv[2 * i + 1], sn, cs);
                 }

@@ -293,6 +293,17 @@ fn f32_loss_logits_and_gradients_match_the_f64_oracle() {
         ..Mamba3Config::tiny()
     };
     configs.push(("tiled d64 N64 G2", tiled.clone(), 2, 70));
+    // 160 heads in one group: past the 128 whose dqkdot * lam * dt the
+    // tiled kernel stages in shared memory, so it reads them inline.
+    let many_heads = Mamba3Config {
+        d_model: 320,
+        d_state: 64,
+        headdim: 4,
+        ngroups: 1,
+        vocab_size: 50,
+        ..Mamba3Config::tiny()
+    };
+    configs.push(("tiled 160 heads a group", many_heads, 2, 21));
     // Standard RoPE (`--rotation fixed`): m3_angle_fixed_f32's angles, and
     // no gradient through them, whatever the (random) angle rows hold.
     let fixed = Mamba3Config {
