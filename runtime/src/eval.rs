@@ -195,7 +195,7 @@ fn run_cuda<W: StepWeights>(
     let mut loss = gpu.alloc_zeros::<f32>(1).map_err(Mamba3GpuError::from)?;
     gpu_model::forward(gpu, w, tok, acts, &mut loss)?;
     if let Some(path) = grads_out {
-        let mut grads = gpu_model::Grads::new(gpu, cfg, batch, len)?;
+        let mut grads = gpu_model::Grads::new::<W::T>(gpu, cfg, batch, len)?;
         gpu_model::backward(gpu, w, tok, acts, &mut grads)?;
         let g = grads.download(gpu)?;
         let named: Vec<(String, Vec<usize>, &[f32])> = g

@@ -256,7 +256,7 @@ fn changed_batch_or_length_is_refused_or_recaptured() {
     s.replay(&gpu, &graph).expect("replay");
     for (batch, len) in [(3, 16), (2, 17)] {
         s.acts = Acts::new(&gpu, &cfg, batch, len).expect("acts");
-        s.grads = Grads::new(&gpu, &cfg, batch, len).expect("grads");
+        s.grads = Grads::new::<f32>(&gpu, &cfg, batch, len).expect("grads");
         s.tokens = gpu.alloc_zeros::<i32>(batch * (len + 1)).expect("tokens");
         s.set_tokens(&gpu, &random_tokens(&cfg, batch, len, seed))
             .expect("tokens");
@@ -343,7 +343,7 @@ fn unpresized_step(gpu: &Gpu, cfg: &Mamba3Config, before: usize) -> Bf16Step {
     let mut s = random_step::<bf16>(gpu, cfg, 2, 16, 5);
     let (batch, len) = (16, 16);
     s.acts = Acts::new(gpu, cfg, batch, len).expect("acts");
-    s.grads = Grads::new(gpu, cfg, batch, len).expect("grads");
+    s.grads = Grads::new::<bf16>(gpu, cfg, batch, len).expect("grads");
     s.tokens = gpu.alloc_zeros::<i32>(batch * (len + 1)).expect("tokens");
     s.set_tokens(gpu, &random_tokens(cfg, batch, len, 5))
         .expect("tokens");

@@ -91,7 +91,7 @@ impl<P: ModelCompute> Backbone<P> {
             weights: P::Weights::upload(gpu, cfg, &w)?,
             adam: AdamWState::new(gpu, &crate::step::params(cfg), &DecayPolicy::default())?,
             sched: StepScalars::new(gpu, &AdamWConfig::default())?,
-            grads: Grads::new(gpu, cfg, batch, seq_len)?,
+            grads: Grads::new::<P>(gpu, cfg, batch, seq_len)?,
             acts,
             input,
             upstream,

@@ -95,8 +95,11 @@ pub fn estimate_bytes(cfg: &Mamba3Config, batch: usize, seq_len: usize, operand_
     } else {
         0
     };
+    // dq and dk, and in the f32 step the q/k it rebuilds (the mixed step
+    // keeps its own, so it has no rebuilt pair).
+    let qk_work = if mixed { 2 * hn } else { 4 * hn };
     let work =
-        4 * rows * (2 * dm + v + 2 * di + e + 4 * hn + 4 * h + h * s + widest + g * n) + gstates;
+        4 * rows * (2 * dm + v + 2 * di + e + qk_work + 4 * h + h * s + widest + g * n) + gstates;
     let params = param_count(cfg);
     let (copies, staging) = if ob < 4 {
         (ob * params, ob * rows * v.max(dm).max(e))

@@ -153,7 +153,7 @@ impl<P: ModelCompute> Mamba3Step<P> {
             weights: P::Weights::upload(gpu, cfg, weights)?,
             adam: AdamWState::new(gpu, &params(cfg), policy)?,
             sched: StepScalars::new(gpu, adamw)?,
-            grads: Grads::new(gpu, cfg, batch, seq_len)?,
+            grads: Grads::new::<P>(gpu, cfg, batch, seq_len)?,
             acts,
             control: StepControl::new(gpu, cfg, adamw.lr, Vec::new())?,
             tokens: gpu.alloc_zeros::<i32>(batch * (seq_len + 1))?,

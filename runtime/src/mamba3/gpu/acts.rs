@@ -107,6 +107,30 @@ pub fn chunk_scan<T: Compute>(sh: &Mamba3Shape) -> bool {
     T::TENSOR_CORE_SCAN && kc::supported(sh)
 }
 
+/// The scan a layer runs, with the q/k it reads: the chunk-parallel
+/// tensor-core scan (bf16 q/k, a shape [`kc::supported`] takes) or the
+/// scalar scan. The forward and backward passes both take it from
+/// [`scan_operands`], so they cannot pick different scans, and the pick is
+/// the one [`chunk_scan`] sized the activations for.
+pub enum ScanOperands<'a, T: Element> {
+    /// The chunk scan's bf16 q and k.
+    Chunk(&'a DeviceBuffer<bf16>, &'a DeviceBuffer<bf16>),
+    /// The scalar scan's q and k, in the compute type.
+    Scalar(&'a DeviceBuffer<T>, &'a DeviceBuffer<T>),
+}
+
+/// Which scan a step computing in `T` runs at `sh`, over its q and k.
+pub fn scan_operands<'a, T: Compute>(
+    sh: &Mamba3Shape,
+    q: &'a DeviceBuffer<T>,
+    k: &'a DeviceBuffer<T>,
+) -> ScanOperands<'a, T> {
+    match (T::as_bf16(q), T::as_bf16(k)) {
+        (Some(q16), Some(k16)) if chunk_scan::<T>(sh) => ScanOperands::Chunk(q16, k16),
+        _ => ScanOperands::Scalar(q, k),
+    }
+}
+
 /// Whether the step computing in `T` keeps every layer's rotated q/k from
 /// the forward pass instead of rebuilding them in the backward pass: the
 /// mixed step does (bf16 q/k cost 2 x rows x H x N x 2 bytes a layer and
@@ -257,14 +281,16 @@ pub struct BackwardWork {
     pub dproj: DeviceBuffer<f32>,
     /// The block's rotated queries, recomputed from its `proj` and `phi`
     /// (the forward pass keeps only the last block's) `[rows, H, N]`, for
-    /// the f32 step.
+    /// the f32 step; one element for a step that keeps its q/k
+    /// ([`keeps_qk`]) or computes in bf16.
     pub q: DeviceBuffer<f32>,
     /// The block's rotated keys, recomputed like `q` `[rows, H, N]`.
     pub k: DeviceBuffer<f32>,
-    /// `q` for the mixed step, which keeps q/k in bf16 (`Compute::pick`
-    /// chooses the pair a step uses; the other is never touched).
+    /// `q` in bf16, for a bf16 step that rebuilds its q/k (`Compute::pick`
+    /// chooses the pair a step uses); one element otherwise: the mixed step
+    /// keeps its q/k.
     pub q16: DeviceBuffer<bf16>,
-    /// `k` for the mixed step.
+    /// `k` in bf16, like `q16`.
     pub k16: DeviceBuffer<bf16>,
     /// The recomputation's `Ĉ · B̂` (equal to the kept one) `[rows, H]`.
     pub qk_raw: DeviceBuffer<f32>,
@@ -300,14 +326,24 @@ pub struct BackwardWork {
 }
 
 impl BackwardWork {
-    /// Working memory for `batch x seq_len` windows.
-    pub fn new(
+    /// Working memory for `batch x seq_len` windows of a step computing in
+    /// `T` (which q/k pair it rebuilds, if any).
+    pub fn new<T: Compute>(
         gpu: &Gpu,
         cfg: &Mamba3Config,
         batch: usize,
         seq_len: usize,
     ) -> Result<Self, Mamba3GpuError> {
         let sh = shape_of(cfg, batch, seq_len)?;
+        let rebuilt = |used: bool| -> Result<usize, Mamba3GpuError> {
+            if used && !keeps_qk::<T>() {
+                Ok(sh.per_row(sh.nheads * sh.d_state)?)
+            } else {
+                Ok(1)
+            }
+        };
+        let in_f32 = std::mem::size_of::<T>() == std::mem::size_of::<f32>();
+        let (qk32, qk16) = (rebuilt(in_f32)?, rebuilt(!in_f32)?);
         let gn = sh.ngroups * sh.d_state;
         let widest = sh.d_model.max(sh.d_inner).max(gn);
         let hn = sh.nheads * sh.d_state;
@@ -336,10 +372,10 @@ impl BackwardWork {
             d_o: buf(gpu, sh.per_row(sh.d_inner))?,
             dy: buf(gpu, sh.per_row(sh.d_inner))?,
             dproj: buf(gpu, sh.per_row(sh.width))?,
-            q: buf(gpu, sh.per_row(hn))?,
-            k: buf(gpu, sh.per_row(hn))?,
-            q16: buf_of(gpu, sh.per_row(hn))?,
-            k16: buf_of(gpu, sh.per_row(hn))?,
+            q: buf(gpu, Ok(qk32))?,
+            k: buf(gpu, Ok(qk32))?,
+            q16: buf_of(gpu, Ok(qk16))?,
+            k16: buf_of(gpu, Ok(qk16))?,
             qk_raw: buf(gpu, sh.per_row(sh.nheads))?,
             dq: buf(gpu, sh.per_row(hn))?,
             dk: buf(gpu, sh.per_row(hn))?,

@@ -22,7 +22,7 @@ use crate::kernels::mamba3_bwd::{self as kb, ScanGrads};
 use crate::kernels::mamba3_chunk as kc;
 use crate::kernels::precision::Compute;
 
-use super::acts::{BackwardWork, LayerActs, keeps_qk};
+use super::acts::{BackwardWork, LayerActs, ScanOperands, keeps_qk, scan_operands};
 use super::forward::check_step;
 use super::probe::Family::{Gemm as G, Loss as L, NormElementwise as E, Scan as S};
 use super::probe::{NoProbe, Probe};
@@ -268,8 +268,8 @@ fn mixer_backward<T: Compute>(
     };
     probe.enter(gpu, S, "scan bwd")?;
     // The chunk-parallel scan leaves one dD partial per (row, chunk, head).
-    let dd_rows = match (T::as_bf16(q), T::as_bf16(k)) {
-        (Some(q16), Some(k16)) if kc::supported(sh) => {
+    let dd_rows = match scan_operands(sh, q, k) {
+        ScanOperands::Chunk(q16, k16) => {
             kc::scan_bwd(
                 gpu,
                 sh,
@@ -286,7 +286,7 @@ fn mixer_backward<T: Compute>(
             )?;
             sh.batch * sh.nchunks
         }
-        _ => {
+        ScanOperands::Scalar(q, k) => {
             kb::scan_bwd(gpu, sh, q, k, &la.proj, scalars, &lw.d, &la.states, dy, out)?;
             sh.batch
         }

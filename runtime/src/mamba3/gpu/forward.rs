@@ -11,7 +11,7 @@ use crate::kernels::mamba3 as k;
 use crate::kernels::mamba3_chunk as kc;
 use crate::kernels::precision::Compute;
 
-use super::acts::{Acts, LayerActs, keeps_qk};
+use super::acts::{Acts, LayerActs, ScanOperands, keeps_qk, scan_operands};
 use super::probe::Family::{Gemm as G, Loss as L, NormElementwise as E, Scan as S};
 use super::probe::{NoProbe, Probe};
 use super::weights::{Grads, LayerWeights, StepWeights, Weights};
@@ -221,9 +221,8 @@ fn mixer_forward<T: Compute>(
     k::qk_fwd(gpu, sh, &src, q, k_rot, &mut la.qk_raw)?;
     probe.enter(gpu, S, "scan fwd")?;
     let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
-    let (q, k_rot) = (&*q, &*k_rot);
-    match (T::as_bf16(q), T::as_bf16(k_rot)) {
-        (Some(q16), Some(k16)) if kc::supported(sh) => kc::scan_fwd(
+    match scan_operands(sh, &*q, &*k_rot) {
+        ScanOperands::Chunk(q16, k16) => kc::scan_fwd(
             gpu,
             sh,
             q16,
@@ -235,7 +234,7 @@ fn mixer_forward<T: Compute>(
             chunk_own,
             &mut la.states16,
         )?,
-        _ => k::scan_fwd(
+        ScanOperands::Scalar(q, k_rot) => k::scan_fwd(
             gpu,
             sh,
             q,

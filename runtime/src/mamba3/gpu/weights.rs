@@ -303,8 +303,9 @@ pub struct Grads {
 }
 
 impl Grads {
-    /// Zeroed gradients and working memory for `batch x seq_len` windows.
-    pub fn new(
+    /// Zeroed gradients and working memory for `batch x seq_len` windows of
+    /// a step computing in `T`.
+    pub fn new<T: Compute>(
         gpu: &Gpu,
         cfg: &Mamba3Config,
         batch: usize,
@@ -312,7 +313,7 @@ impl Grads {
     ) -> Result<Self, Mamba3GpuError> {
         Ok(Self {
             params: Weights::zeros(gpu, cfg)?,
-            work: BackwardWork::new(gpu, cfg, batch, seq_len)?,
+            work: BackwardWork::new::<T>(gpu, cfg, batch, seq_len)?,
         })
     }
 
