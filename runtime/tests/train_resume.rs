@@ -42,6 +42,7 @@ fn run_config(steps: u64) -> RunConfig {
         min_lr: 1e-3,
         warmup: 2,
         weight_decay: 0.1,
+        beta2: 0.999,
         decay: Decay::Matrices,
         clip: Some(1.0),
         seed: 5,

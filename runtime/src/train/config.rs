@@ -225,6 +225,10 @@ pub struct RunConfig {
     pub warmup: u64,
     /// Decoupled weight decay.
     pub weight_decay: f64,
+    /// AdamW's second-moment decay. Runs saved before it was a setting
+    /// load with AdamW's 0.999, which they trained with.
+    #[serde(default = "default_beta2")]
+    pub beta2: f64,
     /// Which tensors decay.
     pub decay: Decay,
     /// Global-norm clip (`None`: off).
@@ -239,6 +243,13 @@ pub struct RunConfig {
     pub checkpoint_every: u64,
     /// Checkpoints kept (at least 1).
     pub keep: usize,
+}
+
+/// AdamW's usual second-moment decay, the `--beta2` default.
+pub const DEFAULT_BETA2: f64 = 0.999;
+
+fn default_beta2() -> f64 {
+    DEFAULT_BETA2
 }
 
 /// One setting of a [`RunConfig`], named by its flag.
@@ -270,6 +281,7 @@ pub enum Setting {
     MinLr,
     Warmup,
     WeightDecay,
+    Beta2,
     Decay,
     Clip,
     Seed,
@@ -298,7 +310,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 32] = [
+    pub const ALL: [Setting; 33] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -324,6 +336,7 @@ impl Setting {
         Self::MinLr,
         Self::Warmup,
         Self::WeightDecay,
+        Self::Beta2,
         Self::Decay,
         Self::Clip,
         Self::Seed,
@@ -361,6 +374,7 @@ impl Setting {
             Self::MinLr => "--min-lr",
             Self::Warmup => "--warmup",
             Self::WeightDecay => "--weight-decay",
+            Self::Beta2 => "--beta2",
             Self::Decay => "--decay",
             Self::Clip => "--clip",
             Self::Seed => "--seed",
@@ -446,6 +460,7 @@ impl Setting {
             (Self::MinLr, _) => with(cfg.min_lr.to_string()),
             (Self::Warmup, _) => with(cfg.warmup.to_string()),
             (Self::WeightDecay, _) => with(cfg.weight_decay.to_string()),
+            (Self::Beta2, _) => with(cfg.beta2.to_string()),
             (Self::Decay, _) => with(cfg.decay.name().into()),
             (Self::Clip, _) => with(cfg.clip.map_or_else(|| "0".into(), |c| c.to_string())),
             (Self::Seed, _) => with(cfg.seed.to_string()),
@@ -551,6 +566,12 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
         if !(v.is_finite() && v >= 0.0) {
             return Err(invalid(flag, format!("must be finite and >= 0, got {v}")));
         }
+    }
+    if !(o.beta2.is_finite() && o.beta2 > 0.0 && o.beta2 < 1.0) {
+        return Err(invalid(
+            "--beta2",
+            format!("must be in (0, 1), got {}", o.beta2),
+        ));
     }
     if o.min_lr > o.lr {
         return Err(invalid(
@@ -724,5 +745,47 @@ mod tests {
             assert_eq!(read(&text), r);
         }
         assert!(serde_json::from_str::<Rotation>("\"spin\"").is_err());
+    }
+
+    fn a_run() -> super::RunConfig {
+        use crate::train::data::Task;
+        crate::repro::recipe::recipe(Task::Parity, true).run(
+            Rotation::Data,
+            1,
+            crate::Precision::F32,
+            super::Device::Cpu,
+            true,
+        )
+    }
+
+    #[test]
+    fn runs_saved_before_beta2_load_with_adamw_default() {
+        let run = a_run();
+        assert_eq!(run.beta2, crate::repro::recipe::BETA2);
+        let mut json = serde_json::to_value(&run).unwrap();
+        json.as_object_mut().unwrap().remove("beta2").unwrap();
+        let old: super::RunConfig = serde_json::from_value(json).unwrap();
+        assert_eq!(old.beta2, super::DEFAULT_BETA2);
+        assert_eq!(
+            super::DEFAULT_BETA2,
+            crate::optim::AdamWConfig::default().beta2
+        );
+    }
+
+    #[test]
+    fn beta2_outside_the_open_unit_interval_is_refused_by_name() {
+        for bad in [0.0, 1.0, 1.5, -0.1, f64::NAN] {
+            let run = super::RunConfig {
+                beta2: bad,
+                ..a_run()
+            };
+            let err = super::validate(&run).unwrap_err().to_string();
+            assert!(err.contains("--beta2"), "{bad}: {err}");
+        }
+        super::validate(&super::RunConfig {
+            beta2: 0.95,
+            ..a_run()
+        })
+        .unwrap();
     }
 }

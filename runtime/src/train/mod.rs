@@ -29,7 +29,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-pub use config::{Decay, Device, ModelSize, Rotation, RunConfig, Setting};
+pub use config::{DEFAULT_BETA2, Decay, Device, ModelSize, Rotation, RunConfig, Setting};
 pub use cpu::CpuEngine;
 pub use engine::{
     EngineError, EngineInfo, EngineState, EvalOutput, Frozen, OptimSettings, StepMetrics,

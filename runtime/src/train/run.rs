@@ -573,6 +573,7 @@ fn run_in(
         adam: AdamWConfig {
             lr: start.run.lr,
             weight_decay: start.run.weight_decay,
+            beta2: start.run.beta2,
             ..AdamWConfig::default()
         },
         decay: start.run.decay.policy(&crate::step::params(&start.cfg)),

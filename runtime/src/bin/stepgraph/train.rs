@@ -22,8 +22,8 @@ use stepgraph::train::data::{DataFormat, DataSpec, Task};
 use stepgraph::train::report::{ProgressMode, clock, human};
 use stepgraph::train::run::LossWindow;
 use stepgraph::train::{
-    Decay, Device, ModelSize, Resume, Rotation, RunConfig, RunStatus, RunSummary, Setting,
-    SignalAction, Stop, TrainOptions, train,
+    DEFAULT_BETA2, Decay, Device, ModelSize, Resume, Rotation, RunConfig, RunStatus, RunSummary,
+    Setting, SignalAction, Stop, TrainOptions, train,
 };
 
 use crate::parse::{at_least_one, at_least_one_u64, non_negative, open_fraction, positive};
@@ -114,6 +114,11 @@ pub struct Args {
     /// AdamW decoupled weight decay.
     #[arg(long, default_value_t = 0.1, value_parser = non_negative, allow_negative_numbers = true)]
     weight_decay: f64,
+    /// AdamW's second-moment decay, in (0, 1). Lower values let the step
+    /// size follow a sudden gradient within a few steps instead of
+    /// hundreds.
+    #[arg(long, default_value_t = DEFAULT_BETA2, value_parser = open_fraction, allow_negative_numbers = true)]
+    beta2: f64,
     /// Which tensors decay: matrices (embedding, projections), outputs (the
     /// embedding / LM head and out_proj: every matrix but in_proj), all, or none.
     #[arg(long, value_enum, default_value_t = DecayArg::Matrices)]
@@ -299,6 +304,7 @@ fn run_config(a: &Args) -> RunConfig {
         min_lr: a.min_lr,
         warmup: a.warmup,
         weight_decay: a.weight_decay,
+        beta2: a.beta2,
         decay: match a.decay {
             DecayArg::Matrices => Decay::Matrices,
             DecayArg::Outputs => Decay::Outputs,
