@@ -326,8 +326,8 @@ fn write_files(
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
              --eval-lens {},{} --curriculum {} --steps {} --batch {} --lr {} --min-lr {}`, \
-             d_state {}, softplus A, weight decay 0.1 on the embedding and out_proj only \
-             (`--decay outputs`), clip 1\n",
+             d_state {}, softplus A, AdamW beta2 {} (`--beta2`), weight decay 0.1 on the \
+             embedding and out_proj only (`--decay outputs`), clip 1\n",
             recipe::column(t),
             t.name(),
             r.n_layer,
@@ -342,6 +342,7 @@ fn write_files(
             r.lr,
             r.min_lr,
             recipe::d_state(opts.quick),
+            recipe::BETA2,
         ));
     }
     md.push_str("\n## Runs\n\n");
