@@ -246,6 +246,7 @@ mod tests {
                 for rotation in ROTATIONS {
                     let run = r.run(rotation, 3, Precision::F32, Device::Cpu, quick);
                     validate(&run).unwrap();
+                    assert_eq!(run.beta2, BETA2);
                     model_config(run.model, vocab_of(&run.data)).unwrap();
                     assert!(paper(task, rotation).is_some());
                 }
