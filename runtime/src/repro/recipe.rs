@@ -87,6 +87,27 @@ pub struct Recipe {
     pub eval_every: u64,
 }
 
+/// What both arithmetic columns share, at the bracketed column's sizes.
+/// lr 3e-3: on the CPU (5 operands, 3000 steps) it learned faster and
+/// generalized further than 1e-3 (README). The steps are what one GPU visit
+/// affords for the whole table, far fewer than the task needs.
+fn arithmetic(task: Task) -> Recipe {
+    Recipe {
+        task,
+        n_layer: 3,
+        d_model: 128,
+        headdim: 16,
+        train_len: 160,
+        eval_len: 256,
+        curriculum: 4000,
+        steps: 6000,
+        batch: 64,
+        lr: 3e-3,
+        min_lr: 1e-5,
+        eval_every: 500,
+    }
+}
+
 /// The recipe of a task's column; `quick` shrinks it to a smoke test (a few
 /// steps on tiny instances, for tests of the command itself).
 pub fn recipe(task: Task, quick: bool) -> Recipe {
@@ -107,38 +128,17 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             min_lr: 1e-5,
             eval_every: 500,
         },
-        // 80 operands: rows of 2 * 80 + 1 = 161 tokens; 128: 257. lr 3e-3:
-        // on the CPU (5 operands, 3000 steps) it learned faster and
-        // generalized further than 1e-3 (README). The steps are what one
-        // GPU visit affords for the whole table, far fewer than the task needs.
+        // 80 operands: rows of 2 * 80 + 1 = 161 tokens; 128: 257.
         Task::ModarithPrec | Task::Modarith => Recipe {
-            task,
-            n_layer: 3,
-            d_model: 128,
-            headdim: 16,
             train_len: 80,
             eval_len: 128,
-            curriculum: 4000,
-            steps: 6000,
-            batch: 64,
-            lr: 3e-3,
-            min_lr: 1e-5,
-            eval_every: 500,
+            ..arithmetic(task)
         },
         // Sizes count expression tokens: rows of 160 + 2 and 256 + 2.
         Task::ModarithBrackets | Task::Copy | Task::Mqar => Recipe {
-            task,
-            n_layer: 3,
-            d_model: 128,
-            headdim: 16,
             train_len: 160,
             eval_len: 256,
-            curriculum: 4000,
-            steps: 6000,
-            batch: 64,
-            lr: 3e-3,
-            min_lr: 1e-5,
-            eval_every: 500,
+            ..arithmetic(task)
         },
     };
     if !quick {

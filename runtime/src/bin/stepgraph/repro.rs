@@ -14,9 +14,9 @@ use stepgraph::Precision;
 use stepgraph::repro::recipe::{ROTATIONS, TASKS};
 use stepgraph::repro::{ReproOptions, state_tracking};
 use stepgraph::train::data::Task;
-use stepgraph::train::{Device, Rotation, SignalAction, Stop};
+use stepgraph::train::{Device, SignalAction, Stop};
 
-use crate::train::DeviceArg;
+use crate::train::{DeviceArg, RotationArg};
 
 use crate::parse::{at_least_one, at_least_one_u64};
 
@@ -82,13 +82,6 @@ enum TaskArg {
     ModarithBrackets,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum RotationArg {
-    Data,
-    Fixed,
-    None,
-}
-
 fn options(a: &StArgs) -> ReproOptions {
     let device: Device = a.device.into();
     ReproOptions {
@@ -115,14 +108,7 @@ fn options(a: &StArgs) -> ReproOptions {
         rotations: if a.rotations.is_empty() {
             ROTATIONS.to_vec()
         } else {
-            a.rotations
-                .iter()
-                .map(|r| match r {
-                    RotationArg::Data => Rotation::Data,
-                    RotationArg::Fixed => Rotation::Fixed,
-                    RotationArg::None => Rotation::None,
-                })
-                .collect()
+            a.rotations.iter().map(|&r| r.into()).collect()
         },
         time_limit: a.time_limit.map(Duration::from_secs),
     }

@@ -174,11 +174,22 @@ enum TaskArg {
     Mqar,
 }
 
+/// `--rotation` (and `repro`'s `--rotations`).
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum RotationArg {
+pub enum RotationArg {
     Data,
     Fixed,
     None,
+}
+
+impl From<RotationArg> for Rotation {
+    fn from(r: RotationArg) -> Self {
+        match r {
+            RotationArg::Data => Rotation::Data,
+            RotationArg::Fixed => Rotation::Fixed,
+            RotationArg::None => Rotation::None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -286,10 +297,10 @@ fn run_config(a: &Args) -> RunConfig {
             headdim: a.headdim,
             expand: a.expand,
             full_rope: a.full_rope,
-            rotation: match (a.no_rotation, a.rotation) {
-                (true, _) | (false, RotationArg::None) => Rotation::None,
-                (false, RotationArg::Data) => Rotation::Data,
-                (false, RotationArg::Fixed) => Rotation::Fixed,
+            rotation: if a.no_rotation {
+                Rotation::None
+            } else {
+                a.rotation.into()
             },
             a_activation: match a.a_activation {
                 AActArg::HeavyTail => AActivation::HeavyTail,
