@@ -36,6 +36,7 @@ fn repro(
         tasks: tasks.to_vec(),
         rotations: rotations.to_vec(),
         time_limit: None,
+        overrides: Default::default(),
     };
     let print = |l: &str| eprintln!("{l}");
     state_tracking(&opts, &Stop::new(), &print).expect("the reproduction runs")

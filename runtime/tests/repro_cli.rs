@@ -114,6 +114,32 @@ fn bad_arguments_are_usage_errors() {
     );
     usage(&["repro", "tables"], "unrecognized subcommand 'tables'");
     usage(
+        &[
+            "repro",
+            "state-tracking",
+            "--steps",
+            "10",
+            "--curriculum",
+            "99",
+        ],
+        "--curriculum: 99 steps of curriculum do not fit in 10 steps",
+    );
+    usage(
+        &[
+            "repro",
+            "state-tracking",
+            "--d-model",
+            "20",
+            "--tasks",
+            "parity",
+        ],
+        "--d-model: ",
+    );
+    usage(
+        &["repro", "state-tracking", "--lr", "-1"],
+        "invalid value '-1' for '--lr <LR>'",
+    );
+    usage(
         &["train", "--rotation", "random"],
         "[possible values: data, fixed, none]",
     );

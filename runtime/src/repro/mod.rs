@@ -97,6 +97,8 @@ pub struct ReproOptions {
     pub rotations: Vec<Rotation>,
     /// Stop every run (as a signal would) after this long.
     pub time_limit: Option<Duration>,
+    /// Changes to every column's recipe.
+    pub overrides: recipe::Overrides,
 }
 
 /// What the reproduction produced.
@@ -151,6 +153,28 @@ fn validate(o: &ReproOptions) -> Result<(), ReproError> {
     if o.rotations.is_empty() {
         return Err(invalid("--rotations", "name at least one rotation mode"));
     }
+    for &t in &o.tasks {
+        let r = recipe::recipe_with(t, o.quick, &o.overrides);
+        if r.curriculum > r.steps {
+            return Err(invalid(
+                "--curriculum",
+                format!(
+                    "{} steps of curriculum do not fit in {} steps ({})",
+                    r.curriculum,
+                    r.steps,
+                    t.name()
+                ),
+            ));
+        }
+        for rotation in &o.rotations {
+            let run = r.run(*rotation, 0, o.precision, o.device, o.quick);
+            crate::train::config::model_config(
+                run.model,
+                crate::train::config::vocab_of(&run.data),
+            )
+            .map_err(|e| invalid("--d-model", e.to_string()))?;
+        }
+    }
     Ok(())
 }
 
@@ -197,7 +221,13 @@ pub fn state_tracking(
     };
     let out = claim_out(opts.out.as_deref())?;
     let t0 = Instant::now();
-    let queue = runner::jobs(&opts.tasks, &opts.rotations, &opts.seeds, opts.quick);
+    let queue = runner::jobs(
+        &opts.tasks,
+        &opts.rotations,
+        &opts.seeds,
+        opts.quick,
+        &opts.overrides,
+    );
     let total = queue.len();
     let runs_dir = out.join("runs");
     let plan = Plan {
@@ -206,6 +236,7 @@ pub fn state_tracking(
         precision: opts.precision,
         device,
         quick: opts.quick,
+        overrides: opts.overrides,
         stop,
     };
     let results_path = out.join("results.jsonl");
@@ -322,7 +353,7 @@ fn write_files(
     md.push_str(table);
     md.push_str("\n## Recipes\n\n");
     for &t in &opts.tasks {
-        let r = recipe::recipe(t, opts.quick);
+        let r = recipe::recipe_with(t, opts.quick, &opts.overrides);
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
              --eval-lens {},{} --curriculum {} --steps {} --batch {} --lr {} --min-lr {}`, \

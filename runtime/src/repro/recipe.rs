@@ -157,6 +157,57 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
     }
 }
 
+/// Changes to every selected column's recipe (`stepgraph repro
+/// state-tracking --steps/--curriculum/--batch/--lr/--d-model`): the table
+/// of a longer or wider training than the one-visit default. Sizes, d_state
+/// and the optimizer stay the paper's.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Overrides {
+    /// Training steps; without `curriculum`, the curriculum keeps its share
+    /// of the run.
+    pub steps: Option<u64>,
+    /// Steps over which the training size grows.
+    pub curriculum: Option<u64>,
+    /// Rows per batch.
+    pub batch: Option<usize>,
+    /// Peak learning rate.
+    pub lr: Option<f64>,
+    /// Residual width (heads follow: `2 d_model / headdim`).
+    pub d_model: Option<usize>,
+}
+
+impl Overrides {
+    /// `true` when nothing is changed.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// `r` with these changes.
+    pub fn apply(&self, r: Recipe) -> Recipe {
+        let curriculum = match (self.curriculum, self.steps) {
+            (Some(c), _) => c,
+            (None, Some(s)) if r.steps > 0 => {
+                let scaled = u128::from(r.curriculum) * u128::from(s) / u128::from(r.steps);
+                u64::try_from(scaled).unwrap_or(s)
+            }
+            (None, _) => r.curriculum,
+        };
+        Recipe {
+            steps: self.steps.unwrap_or(r.steps),
+            curriculum,
+            batch: self.batch.unwrap_or(r.batch),
+            lr: self.lr.unwrap_or(r.lr),
+            d_model: self.d_model.unwrap_or(r.d_model),
+            ..r
+        }
+    }
+}
+
+/// A column's recipe with `overrides` applied.
+pub fn recipe_with(task: Task, quick: bool, overrides: &Overrides) -> Recipe {
+    overrides.apply(recipe(task, quick))
+}
+
 /// AdamW's second-moment decay of every run.
 pub const BETA2: f64 = 0.95;
 
@@ -251,6 +302,42 @@ mod tests {
                     assert!(paper(task, rotation).is_some());
                 }
             }
+        }
+    }
+
+    #[test]
+    fn overrides_change_only_what_they_name() {
+        let base = recipe(Task::ModarithPrec, false);
+        assert_eq!(Overrides::default().apply(base.clone()), base);
+        let longer = Overrides {
+            steps: Some(3 * base.steps),
+            ..Overrides::default()
+        }
+        .apply(base.clone());
+        assert_eq!(longer.steps, 3 * base.steps);
+        assert_eq!(longer.curriculum, 3 * base.curriculum, "keeps its share");
+        assert_eq!((longer.lr, longer.batch), (base.lr, base.batch));
+        let o = Overrides {
+            steps: Some(100),
+            curriculum: Some(7),
+            batch: Some(256),
+            lr: Some(5e-4),
+            d_model: Some(64),
+        };
+        let r = o.apply(base.clone());
+        assert_eq!(
+            (r.steps, r.curriculum, r.batch, r.d_model),
+            (100, 7, 256, 64)
+        );
+        assert_eq!(r.lr, 5e-4);
+        assert_eq!(
+            (r.train_len, r.eval_len, r.n_layer),
+            (base.train_len, base.eval_len, base.n_layer)
+        );
+        for rotation in ROTATIONS {
+            let run = r.run(rotation, 1, Precision::F32, Device::Cpu, false);
+            validate(&run).unwrap();
+            model_config(run.model, vocab_of(&run.data)).unwrap();
         }
     }
 

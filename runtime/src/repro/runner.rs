@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::recipe::{Recipe, recipe};
+use super::recipe::{Overrides, Recipe, recipe_with};
 use crate::Precision;
 use crate::train::data::Task;
 use crate::train::dynamics::Dynamics;
@@ -103,15 +103,23 @@ pub struct Plan<'a> {
     pub device: Device,
     /// Smoke-test recipes.
     pub quick: bool,
+    /// Changes to every recipe.
+    pub overrides: Overrides,
     /// Set on a signal or at the time limit.
     pub stop: &'a Stop,
 }
 
 /// The queue: seed by seed; within a seed the longest recipes first.
-pub fn jobs(tasks: &[Task], rotations: &[Rotation], seeds: &[u64], quick: bool) -> Vec<Job> {
+pub fn jobs(
+    tasks: &[Task],
+    rotations: &[Rotation],
+    seeds: &[u64],
+    quick: bool,
+    overrides: &Overrides,
+) -> Vec<Job> {
     let mut by_cost: Vec<Task> = tasks.to_vec();
     by_cost.sort_by_key(|&t| {
-        let r = recipe(t, quick);
+        let r = recipe_with(t, quick, overrides);
         std::cmp::Reverse(
             r.steps
                 .saturating_mul(u64::try_from(r.n_layer).unwrap_or(u64::MAX)),
@@ -149,7 +157,7 @@ pub fn work(plan: &Plan<'_>, done: &(dyn Fn(RunResult) + Sync)) {
 }
 
 fn run(plan: &Plan<'_>, job: Job) -> RunResult {
-    let r: Recipe = recipe(job.task, plan.quick);
+    let r: Recipe = recipe_with(job.task, plan.quick, &plan.overrides);
     let dir = plan.runs_dir.join(job.name());
     let mut result = RunResult {
         job,
@@ -205,7 +213,7 @@ mod tests {
 
     #[test]
     fn the_queue_goes_seed_by_seed_longest_first() {
-        let q = jobs(&TASKS, &ROTATIONS, &[4, 5], false);
+        let q = jobs(&TASKS, &ROTATIONS, &[4, 5], false, &Overrides::default());
         assert_eq!(q.len(), 18);
         assert!(q[..9].iter().all(|j| j.seed == 4));
         assert_eq!(q[0].task, Task::ModarithPrec, "3 layers before 1");

@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stepgraph::Precision;
-use stepgraph::repro::recipe::{ROTATIONS, TASKS};
+use stepgraph::repro::recipe::{Overrides, ROTATIONS, TASKS};
 use stepgraph::repro::{ReproOptions, state_tracking};
 use stepgraph::train::data::Task;
 use stepgraph::train::{Device, SignalAction, Stop};
 
 use crate::train::{DeviceArg, RotationArg};
 
-use crate::parse::{at_least_one, at_least_one_u64};
+use crate::parse::{at_least_one, at_least_one_u64, positive};
 
 /// Arguments of `stepgraph repro`.
 #[derive(clap::Args)]
@@ -71,6 +71,22 @@ struct StArgs {
     /// the runs that finished.
     #[arg(long, value_parser = at_least_one_u64)]
     time_limit: Option<u64>,
+    /// Training steps of every run instead of its column's recipe (the curriculum keeps its
+    /// share unless --curriculum is given).
+    #[arg(long, value_parser = at_least_one_u64)]
+    steps: Option<u64>,
+    /// Steps over which the training size grows, instead of the recipe's.
+    #[arg(long)]
+    curriculum: Option<u64>,
+    /// Rows per batch instead of the recipe's.
+    #[arg(long, value_parser = at_least_one)]
+    batch: Option<usize>,
+    /// Peak learning rate instead of the recipe's.
+    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
+    lr: Option<f64>,
+    /// Residual width instead of the recipe's (heads: 2 d_model / headdim).
+    #[arg(long, value_parser = at_least_one)]
+    d_model: Option<usize>,
 }
 
 const PRECISIONS: &[(Precision, &str)] = &[(Precision::F32, ""), (Precision::Bf16, "")];
@@ -111,6 +127,13 @@ fn options(a: &StArgs) -> ReproOptions {
             a.rotations.iter().map(|&r| r.into()).collect()
         },
         time_limit: a.time_limit.map(Duration::from_secs),
+        overrides: Overrides {
+            steps: a.steps,
+            curriculum: a.curriculum,
+            batch: a.batch,
+            lr: a.lr,
+            d_model: a.d_model,
+        },
     }
 }
 
