@@ -712,31 +712,161 @@ extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     }
 }
 
-// One block per vocabulary row v: gemb[v, :] += sum of dh[i, :] over the
-// positions i whose input token is v, in position order (token ids staged
-// through shared memory, one tile at a time).
-extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+// Embedding backward geometry (the launcher in runtime/src/kernels/
+// mamba3_bwd.rs mirrors the first two; a unit test checks): warps per block,
+// and the shared-memory floats a block may use, 48 KB so no opt-in is needed.
+#define M3_EMB_MAX_WARPS 32
+#define M3_EMB_SMEM_FLOATS 12288
+#define M3_EMB_UNROLL 4
+#define M3_EMB_BATCH 4
+
+// The token index of the position 32 further on, given the current one (idx)
+// and its column t < len in the [B, T + 1] token grid: one add per step, a
+// division only when a step crosses several batch rows (len < 32).
+__device__ __forceinline__ void m3_emb_advance(unsigned long long& idx, unsigned& t, unsigned len) {
+    idx += 32;
+    if (len - t > 32) {
+        t += 32;
+    } else if (len >= 32) {
+        t = 32 - (len - t);
+        idx += 1;
+    } else {
+        const unsigned q = (t + 32) / len;
+        t = t + 32 - q * len;
+        idx += q;
+    }
+}
+
+// part[c] += dh[r[e], j0 + c] for e < n in order, over the lane's columns
+// c < tw (VEC adjacent columns at a time; VEC 4 needs 16-byte aligned rows).
+template <int VEC>
+__device__ __forceinline__ void m3_emb_add_rows(float* part, const float* __restrict__ dh, const unsigned* r,
+                                                unsigned n, unsigned width, unsigned j0, unsigned tw, unsigned lane) {
+    for (unsigned c = VEC * lane; c < tw; c += 32 * VEC) {
+        if constexpr (VEC == 4) {
+            float4 x[M3_EMB_BATCH];
+#pragma unroll
+            for (unsigned e = 0; e < M3_EMB_BATCH; ++e) {
+                x[e] = e < n ? *(const float4*)(dh + (unsigned long long)r[e] * width + j0 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+            float4 a = *(float4*)(part + c);
+#pragma unroll
+            for (unsigned e = 0; e < M3_EMB_BATCH; ++e) {
+                if (e < n) {
+                    a.x += x[e].x;
+                    a.y += x[e].y;
+                    a.z += x[e].z;
+                    a.w += x[e].w;
+                }
+            }
+            *(float4*)(part + c) = a;
+        } else {
+            float x[M3_EMB_BATCH];
+#pragma unroll
+            for (unsigned e = 0; e < M3_EMB_BATCH; ++e) {
+                x[e] = e < n ? dh[(unsigned long long)r[e] * width + j0 + c] : 0.0f;
+            }
+            float a = part[c];
+#pragma unroll
+            for (unsigned e = 0; e < M3_EMB_BATCH; ++e) {
+                if (e < n) {
+                    a += x[e];
+                }
+            }
+            part[c] = a;
+        }
+    }
+}
+
+// The embedding gradient is a scatter-add of dh rows keyed by token id. To
+// stay deterministic without float atomics or scratch, a block owns whole
+// vocabulary rows (grid-stride) and gathers their positions itself, which
+// costs vocab x rows token reads however it is laid out. The scan is split
+// over the block's warps (a contiguous chunk of positions each, 32 per
+// __ballot_sync) rather than each thread walking every position: a small
+// vocabulary then still keeps many warps busy, and a large one pays one
+// coalesced token load per 32 positions. A warp adds its matching dh rows
+// in position order into its own shared-memory slice (lanes own columns, so
+// no races; up to M3_EMB_BATCH rows' loads in flight), and the slices are
+// summed in warp order. That order depends only on blockDim.x and `tile`,
+// which the launcher derives from the shape alone, so the sums are
+// bit-identical run to run; the float4 and scalar paths add the same terms
+// in the same order. A row no position maps to is left untouched.
+//
+// blockDim.x = 32 x warps (warps <= M3_EMB_MAX_WARPS); dynamic shared memory
+// holds warps x tile floats (<= M3_EMB_SMEM_FLOATS); the columns go in passes
+// of `tile`, so any d_model works.
+extern "C" __global__ void __launch_bounds__(M3_EMB_MAX_WARPS * 32)
     m3_embed_bwd_f32(const int* __restrict__ tokens, const float* __restrict__ dh, float* __restrict__ gemb,
-                     unsigned len, unsigned width, unsigned vocab, unsigned rows) {
-    __shared__ int tile[SG_BLOCK];
-    for (unsigned v = blockIdx.x; v < vocab; v += gridDim.x) {
-        for (unsigned j0 = 0; j0 < width; j0 += SG_BLOCK) {
-            const unsigned j = j0 + threadIdx.x;
-            float acc = 0.0f;
-            for (unsigned r0 = 0; r0 < rows; r0 += SG_BLOCK) {
-                __syncthreads();
-                unsigned r = r0 + threadIdx.x;
-                tile[threadIdx.x] = r < rows ? tokens[(unsigned long long)(r / len) * (len + 1) + r % len] : -1;
-                __syncthreads();
-                unsigned cnt = min(SG_BLOCK, rows - r0);
-                for (unsigned i = 0; i < cnt; ++i) {
-                    if (tile[i] == (int)v && j < width) {
-                        acc += dh[(unsigned long long)(r0 + i) * width + j];
+                     unsigned len, unsigned width, unsigned vocab, unsigned rows, unsigned tile) {
+    extern __shared__ __align__(16) float m3_emb_part[];
+    if (rows == 0 || len == 0 || width == 0 || tile == 0) {
+        return;
+    }
+    const unsigned warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bool vec = width % 4 == 0 && tile % 4 == 0 && (unsigned long long)dh % 16 == 0;
+    // Chunks start on 32-position boundaries, so only the last warp's ends
+    // inside a ballot.
+    const unsigned long long chunk = (((unsigned long long)rows + warps - 1) / warps + 31) & ~31ull;
+    const unsigned first = (unsigned)min(warp * chunk, (unsigned long long)rows);
+    const unsigned last = (unsigned)min(first + chunk, (unsigned long long)rows);
+    float* part = m3_emb_part + warp * tile;
+    // The lane's first position as a token index and a column of the grid.
+    const unsigned long long p0 = (unsigned long long)first + lane;
+    const unsigned t0 = (unsigned)(p0 % len);
+    const unsigned long long idx0 = p0 / len * ((unsigned long long)len + 1) + t0;
+    for (unsigned long long v = blockIdx.x; v < vocab; v += gridDim.x) {
+        for (unsigned j0 = 0; j0 < width; j0 += min(tile, width - j0)) {
+            const unsigned tw = min(tile, width - j0);
+            for (unsigned c = lane; c < tw; c += 32) {
+                part[c] = 0.0f;
+            }
+            __syncwarp();  // the float4 path adds to columns other lanes zeroed
+            bool hit = false;
+            unsigned long long idx = idx0;
+            unsigned t = t0;
+            // s steps past last by less than 32 x M3_EMB_UNROLL; 64-bit so it
+            // cannot wrap.
+            for (unsigned long long s = first; s < last; s += 32 * M3_EMB_UNROLL) {
+                int tok[M3_EMB_UNROLL];
+#pragma unroll
+                for (unsigned k = 0; k < M3_EMB_UNROLL; ++k) {
+                    tok[k] = s + 32 * k + lane < last ? tokens[idx] : -1;
+                    m3_emb_advance(idx, t, len);
+                }
+#pragma unroll
+                for (unsigned k = 0; k < M3_EMB_UNROLL; ++k) {
+                    unsigned m = __ballot_sync(0xffffffffu, tok[k] >= 0 && (unsigned)tok[k] == v);
+                    hit = hit || m != 0;
+                    while (m != 0) {
+                        unsigned r[M3_EMB_BATCH];
+                        unsigned n = 0;
+#pragma unroll
+                        for (unsigned e = 0; e < M3_EMB_BATCH; ++e) {
+                            r[e] = 0;
+                            if (m != 0) {
+                                r[e] = (unsigned)s + 32 * k + (unsigned)(__ffs(m) - 1);
+                                m &= m - 1;
+                                n = e + 1;
+                            }
+                        }
+                        if (vec) {
+                            m3_emb_add_rows<4>(part, dh, r, n, width, j0, tw, lane);
+                        } else {
+                            m3_emb_add_rows<1>(part, dh, r, n, width, j0, tw, lane);
+                        }
                     }
                 }
             }
-            if (j < width) {
-                gemb[(unsigned long long)v * width + j] += acc;
+            if (__syncthreads_or(hit)) {
+                for (unsigned c = threadIdx.x; c < tw; c += blockDim.x) {
+                    float sum = m3_emb_part[c];
+                    for (unsigned w = 1; w < warps; ++w) {
+                        sum += m3_emb_part[w * tile + c];
+                    }
+                    gemb[v * width + j0 + c] += sum;
+                }
+                __syncthreads();
             }
         }
     }

@@ -4,8 +4,9 @@
 //! lengths, more tensors than one launch holds, decay on some, bf16 copies on
 //! some, clipping active and inactive, a rescaled gradient, a non-finite
 //! gradient that skips the step), AdamW without a gate, the norm partials'
-//! determinism, the wrappers' size checks, and the column sum against a host
-//! sum, bit-identical run to run.
+//! determinism, the wrappers' size checks, the column sum against a host
+//! sum, bit-identical run to run, and the embedding gradient (`embed_bwd`)
+//! against a host scatter-add, bit-identical run to run.
 //!
 //! Every test is `#[ignore = "needs a CUDA GPU"]`; on the GPU machine they
 //! run with `--include-ignored`, where a missing GPU fails them. Inputs are
@@ -21,9 +22,12 @@ use half::bf16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use stepgraph::device::{DeviceBuffer, Gpu, GpuError};
-use stepgraph::kernels::mamba3_bwd::{advance_schedule, colsum, colsum_partials};
+use stepgraph::kernels::mamba3::Mamba3Shape;
+use stepgraph::kernels::mamba3_bwd::{advance_schedule, colsum, colsum_partials, embed_bwd};
 use stepgraph::kernels::optim::{self as ko, AdamTensor};
 use stepgraph::kernels::train::{ScheduleArgs, schedule};
+use stepgraph::mamba3::Mamba3Config;
+use stepgraph::mamba3::gpu::kernel_shape;
 use stepgraph::optim::{AdamW, AdamWConfig, DecayPolicy, Param, clip_grad_norm};
 
 const LR: f64 = 1e-2;
@@ -512,5 +516,93 @@ fn colsum_matches_the_host_and_is_bit_identical_run_to_run() {
                 "seed {seed} {rows}x{cols}: not bit-identical run to run"
             );
         }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn embed_bwd_matches_the_host_and_is_bit_identical_run_to_run() {
+    let gpu = gpu();
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    // (vocab, d_model, batch, len): a tiny vocabulary over many positions
+    // (float4 and scalar columns), the small state-tracking shape, windows
+    // shorter than a warp's 32 positions, d_model over several column
+    // passes, a single position, and a 50k vocabulary.
+    let shapes = [
+        (5, 72, 3, 1000),
+        (5, 75, 3, 1000),
+        (16, 128, 256, 160),
+        (7, 40, 50, 7),
+        (2, 33, 9, 1),
+        (3, 1000, 5, 1000),
+        (3, 1001, 10, 500),
+        (1, 8, 1, 1),
+        (50_000, 72, 4, 512),
+    ];
+    for (i, &(vocab, d_model, batch, len)) in shapes.iter().enumerate() {
+        let sh = Mamba3Shape {
+            vocab,
+            d_model,
+            ..kernel_shape(&Mamba3Config::tiny(), batch, len)
+        };
+        let rows = sh.rows;
+        let k = u64::try_from(i).expect("index");
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (k << 32) ^ 0xe3b);
+        // Ids in [-2, vocab + 2): some outside the vocabulary, which add
+        // nothing.
+        let hi = i32::try_from(vocab).expect("vocab") + 2;
+        let toks: Vec<i32> = (0..batch * (len + 1))
+            .map(|_| rng.random_range(-2..hi))
+            .collect();
+        let dhh = random(seed ^ (k << 32) ^ 1, rows * d_model, 1.0);
+        let g0 = random(seed ^ (k << 32) ^ 2, vocab * d_model, 1.0);
+        let tokens = gpu.to_device(&toks).expect("tokens");
+        let dh = gpu.to_device(&dhh).expect("dh");
+        let mut gemb = gpu.to_device(&g0).expect("gemb");
+        embed_bwd(&gpu, &sh, &tokens, &dh, &mut gemb).expect("embed_bwd");
+        let got = gpu.to_host(&gemb).expect("gemb");
+        let mut want: Vec<f64> = g0.iter().map(|&x| f64::from(x)).collect();
+        let mut mag: Vec<f64> = g0.iter().map(|&x| f64::from(x).abs()).collect();
+        for r in 0..rows {
+            let Ok(v) = usize::try_from(toks[r / len * (len + 1) + r % len]) else {
+                continue;
+            };
+            if v >= vocab {
+                continue;
+            }
+            for c in 0..d_model {
+                let x = f64::from(dhh[r * d_model + c]);
+                want[v * d_model + c] += x;
+                mag[v * d_model + c] += x.abs();
+            }
+        }
+        for (j, ((&g, &w), &m)) in got.iter().zip(&want).zip(&mag).enumerate() {
+            let d = (f64::from(g) - w).abs();
+            assert!(
+                d <= 2e-5 * m + 1e-30,
+                "seed {seed} vocab {vocab} d_model {d_model} {batch}x{len}: gemb[{}, {}] {g} vs {w} (diff {d:e})",
+                j / d_model,
+                j % d_model
+            );
+        }
+        for _ in 0..2 {
+            let mut again = gpu.to_device(&g0).expect("gemb");
+            embed_bwd(&gpu, &sh, &tokens, &dh, &mut again).expect("embed_bwd");
+            assert_eq!(
+                bits(&gpu.to_host(&again).expect("gemb")),
+                bits(&got),
+                "seed {seed} vocab {vocab} d_model {d_model} {batch}x{len}: not bit-identical run to run"
+            );
+        }
+        let reps = 20;
+        gpu.synchronize().expect("sync");
+        let start = std::time::Instant::now();
+        for _ in 0..reps {
+            embed_bwd(&gpu, &sh, &tokens, &dh, &mut gemb).expect("embed_bwd");
+        }
+        gpu.synchronize().expect("sync");
+        let ms = start.elapsed().as_secs_f64() * 1e3 / f64::from(reps);
+        println!("embed_bwd vocab {vocab} d_model {d_model} {batch}x{len}: {ms:.4} ms");
     }
 }

@@ -630,7 +630,42 @@ pub fn colsum(
     Ok(())
 }
 
-/// `gemb[v, :] += sum of dh[i, :]` over positions whose input token is `v`.
+/// Most warps in an embedding-backward block; must equal `M3_EMB_MAX_WARPS`
+/// in `kernels/mamba3_bwd.cu` (a unit test checks).
+pub const EMBED_MAX_WARPS: usize = 32;
+
+/// Shared-memory floats an embedding-backward block may use: 48 KB, the most
+/// a launch gets without opting in. Must equal `M3_EMB_SMEM_FLOATS` (a unit
+/// test checks).
+pub const EMBED_SMEM_FLOATS: usize = 12_288;
+
+/// Warps an embedding backward aims for in all. At the kernel's ~58
+/// registers an H200 SM holds 32 warps, so 132 x 32 is about one full wave:
+/// a small vocabulary spreads each row's positions over up to
+/// [`EMBED_MAX_WARPS`] warps, a large one runs narrow blocks that spend
+/// little on the cross-warp combine.
+pub const EMBED_TARGET_WARPS: usize = 4096;
+
+/// Fewest positions worth a warp of their own (one step of the kernel's
+/// four 32-position ballots).
+const EMBED_MIN_POSITIONS: usize = 128;
+
+/// `(warps, tile)` of an embedding backward over `rows` positions: warps per
+/// block and columns per pass (`warps x tile` floats of shared memory).
+/// Depends only on the shape, so a sum always runs in the same order.
+pub fn embed_plan(vocab: usize, rows: usize, d_model: usize) -> (usize, usize) {
+    let warps = EMBED_TARGET_WARPS
+        .div_ceil(vocab.max(1))
+        .clamp(2, EMBED_MAX_WARPS)
+        .min(rows.div_ceil(EMBED_MIN_POSITIONS).max(1));
+    // A multiple of 128, so a capped tile keeps the float4 path aligned.
+    let cap = EMBED_SMEM_FLOATS / warps / 128 * 128;
+    (warps, d_model.clamp(1, cap))
+}
+
+/// `gemb[v, :] += sum of dh[i, :]` over positions whose input token is `v`,
+/// deterministically (see [`embed_plan`]); rows no position maps to are left
+/// as they are.
 pub fn embed_bwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
@@ -638,15 +673,38 @@ pub fn embed_bwd(
     dh: &DeviceBuffer<f32>,
     gemb: &mut DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
-    need(gpu, "embed_bwd: tokens", tokens, sh.batch * (sh.len + 1))?;
+    // Position i reads token (i / len) * (len + 1) + i % len, so the token
+    // grid must hold ceil(rows / len) batch rows (B of them when rows = B * T).
+    let grid_rows = sh.batch.max(sh.rows.div_ceil(sh.len.max(1)));
+    need(
+        gpu,
+        "embed_bwd: tokens",
+        tokens,
+        crate::device::checked_elems("embed_bwd: token grid", grid_rows, sh.len + 1)?,
+    )?;
     need(gpu, "embed_bwd: dh", dh, sh.per_row(sh.d_model)?)?;
-    need(gpu, "embed_bwd: grad", gemb, sh.vocab * sh.d_model)?;
+    need(
+        gpu,
+        "embed_bwd: grad",
+        gemb,
+        crate::device::checked_elems("embed_bwd: vocab x d_model", sh.vocab, sh.d_model)?,
+    )?;
     let (len, width, vocab, rows) = (
         to_u32("len", sh.len)?,
         to_u32("d_model", sh.d_model)?,
         to_u32("vocab", sh.vocab)?,
         to_u32("rows", sh.rows)?,
     );
+    let (warps, tile) = embed_plan(sh.vocab, sh.rows, sh.d_model);
+    let cfg = LaunchConfig {
+        grid_dim: row_blocks(sh.vocab)?.grid_dim,
+        block_dim: (to_u32("embed_bwd: threads", warps * 32)?, 1, 1),
+        shared_mem_bytes: to_u32(
+            "embed_bwd: shared memory",
+            warps * tile * std::mem::size_of::<f32>(),
+        )?,
+    };
+    let tile = to_u32("embed_bwd: tile", tile)?;
     let f = gpu.function(Kernel::M3EmbedBwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(tokens.slice()?)
@@ -655,10 +713,17 @@ pub fn embed_bwd(
         .arg(&len)
         .arg(&width)
         .arg(&vocab)
-        .arg(&rows);
-    // SAFETY: block v reads tokens [B x (T + 1)] and dh [rows x d_model] and
-    // updates gemb row v (vocab x d_model); all checked.
-    unsafe { b.launch(row_blocks(sh.vocab)?) }.during("launch m3_embed_bwd_f32")?;
+        .arg(&rows)
+        .arg(&tile);
+    // SAFETY: block v (grid-stride) reads tokens at (i / len) * (len + 1) +
+    // i % len for positions i < rows (inside the checked token grid) and dh
+    // rows i < rows (rows x d_model checked; float4 loads only when d_model
+    // and tile are multiples of 4 and dh is 16-byte aligned, which the
+    // kernel tests), and updates gemb row v < vocab (vocab x d_model
+    // checked). It runs warps x 32 <= 1024 threads (its launch bound) and
+    // indexes warps x tile <= 12288 floats of the dynamic shared memory
+    // requested here, under the 48 KB that needs no opt-in.
+    unsafe { b.launch(cfg) }.during("launch m3_embed_bwd_f32")?;
     Ok(())
 }
 
@@ -698,6 +763,33 @@ mod tests {
             .trim()
             .parse()
             .unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    #[test]
+    fn embed_geometry_matches_the_kernel_source() {
+        assert_eq!(define("M3_EMB_MAX_WARPS"), EMBED_MAX_WARPS);
+        assert_eq!(define("M3_EMB_SMEM_FLOATS"), EMBED_SMEM_FLOATS);
+    }
+
+    #[test]
+    fn embed_plans_fit_the_block_and_shared_memory() {
+        for vocab in [0, 1, 5, 16, 256, 1000, 4096, 50_280, 1 << 20] {
+            for rows in [0, 1, 127, 129, 3000, 10_240, 40_960, 1 << 22] {
+                for d_model in [0, 1, 72, 128, 384, 385, 768, 2560, 100_000] {
+                    let (warps, tile) = embed_plan(vocab, rows, d_model);
+                    assert!((1..=EMBED_MAX_WARPS).contains(&warps));
+                    assert!(tile >= 1 && tile <= d_model.max(1));
+                    assert!(warps * tile <= EMBED_SMEM_FLOATS);
+                    // A tile short of d_model keeps later passes 16-byte aligned.
+                    assert!(tile == d_model || tile.is_multiple_of(4) || d_model == 0);
+                    assert!(warps == 1 || rows > EMBED_MIN_POSITIONS);
+                }
+            }
+        }
+        // The small state-tracking shape fans each row out over 32 warps in one pass.
+        assert_eq!(embed_plan(16, 256 * 160, 128), (32, 128));
+        // A 50k vocabulary runs narrow blocks, d_model 768 in one pass.
+        assert_eq!(embed_plan(50_280, 16 * 256, 768), (2, 768));
     }
 
     #[test]
