@@ -210,3 +210,82 @@ fn train_rotation_fixed_runs_and_is_saved_with_the_run() {
         "{err}"
     );
 }
+
+/// A quick parity-only part of the table on the CPU, seeds `first..first+n`.
+fn part(dir: &std::path::Path, name: &str, first: &str, n: &str) {
+    let out = stepgraph(
+        &[
+            "repro",
+            "state-tracking",
+            "--quick",
+            "--device",
+            "cpu",
+            "--tasks",
+            "parity",
+            "--first-seed",
+            first,
+            "--seeds",
+            n,
+            "--out",
+            name,
+        ],
+        dir,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn parts_of_the_table_merge_into_one_and_bad_merges_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    part(dir.path(), "a", "0", "1");
+    part(dir.path(), "b", "1", "2");
+    let out = stepgraph(
+        &["repro", "state-tracking", "--merge", "a,b", "--out", "m"],
+        dir.path(),
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("for 9 runs (in all parts)"), "{stdout}");
+    let m = dir.path().join("m");
+    let tj: Value =
+        serde_json::from_str(&std::fs::read_to_string(m.join("table.json")).unwrap()).unwrap();
+    assert_eq!(tj["seeds"], serde_json::json!([0, 1, 2]));
+    let cells = tj["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 3, "parity x three rotation modes");
+    assert!(cells.iter().all(|c| c["runs"] == 3), "{tj}");
+    let results = std::fs::read_to_string(m.join("results.jsonl")).unwrap();
+    assert_eq!(results.lines().count(), 9);
+    let metrics = std::fs::read_to_string(m.join("metrics.jsonl")).unwrap();
+    for run in ["parity-data-s0", "parity-fixed-s1", "parity-none-s2"] {
+        assert!(metrics.contains(&format!("\"run\":\"{run}\"")), "{run}");
+    }
+    assert!(m.join("accuracy-parity.svg").is_file());
+    let md = std::fs::read_to_string(m.join("table.md")).unwrap();
+    assert!(md.contains("Merged from 2 parts (a, b)"), "{md}");
+
+    let twice = stepgraph(&["repro", "state-tracking", "--merge", "a,a"], dir.path());
+    assert_eq!(twice.status.code(), Some(2));
+    assert!(
+        text(&twice.stderr).contains("run parity-data-s0 finished in both a and a"),
+        "{}",
+        text(&twice.stderr)
+    );
+    let tj_b = dir.path().join("b/table.json");
+    let edited = std::fs::read_to_string(&tj_b)
+        .unwrap()
+        .replace("\"f32\"", "\"bf16\"");
+    std::fs::write(&tj_b, edited).unwrap();
+    let mixed = stepgraph(&["repro", "state-tracking", "--merge", "a,b"], dir.path());
+    assert_eq!(mixed.status.code(), Some(2));
+    assert!(text(&mixed.stderr).contains("a and b differ in precision"));
+    let missing = stepgraph(
+        &["repro", "state-tracking", "--merge", "a,nowhere"],
+        dir.path(),
+    );
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(text(&missing.stderr).contains("nowhere/table.json"));
+    usage(
+        &["repro", "state-tracking", "--merge", "a", "--seeds", "3"],
+        "'--merge <MERGE>' cannot be used with '--seeds <SEEDS>'",
+    );
+}

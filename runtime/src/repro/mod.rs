@@ -19,7 +19,11 @@
 //! OUT/accuracy-TASK.svg  scaled accuracy at the reported size over steps
 //! OUT/runs/TASK-ROTATION-sSEED/  each run's own directory (stepgraph train's)
 //! ```
+//!
+//! The table of one GPU visit can be a part of the whole ([`ReproOptions`]'s
+//! tasks, rotations and seeds); [`merge`] joins parts into one table.
 
+pub mod merge;
 pub mod recipe;
 pub mod report;
 pub mod runner;
@@ -60,6 +64,15 @@ pub enum ReproError {
         #[source]
         source: std::io::Error,
     },
+    /// A part named to `--merge` is not a reproduction's output directory
+    /// (a file missing or malformed).
+    #[error("{}: {reason}", path.display())]
+    Part {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Opening the device, or writing a plot, failed.
     #[error(transparent)]
     Train(#[from] TrainError),
@@ -71,7 +84,7 @@ impl ReproError {
         match self {
             Self::InvalidOption { .. } => 2,
             Self::Train(e) => e.exit_code(),
-            Self::Io { .. } => 1,
+            Self::Io { .. } | Self::Part { .. } => 1,
         }
     }
 }
@@ -283,7 +296,7 @@ pub fn state_tracking(
         opts.seeds.len(),
         opts.quick,
     );
-    write_files(opts, &out, &results, &table, wall, device)?;
+    write_files(opts, &out, &results, &table, wall, device, "")?;
     let plots = report::plots(&results, &opts.tasks, &out, opts.quick)?;
     Ok(ReproReport {
         out,
@@ -334,6 +347,7 @@ fn write_files(
     table: &str,
     wall: Duration,
     device: Device,
+    note: &str,
 ) -> Result<(), ReproError> {
     let mut md = format!(
         "# State tracking (Mamba-3 paper, Table 5b)\n\n\
@@ -350,6 +364,7 @@ fn write_files(
         wall.as_secs_f64(),
         opts.jobs
     );
+    md.push_str(note);
     md.push_str(table);
     md.push_str("\n## Recipes\n\n");
     for &t in &opts.tasks {
@@ -387,8 +402,21 @@ fn write_files(
     tj["quick"] = json!(opts.quick);
     tj["jobs"] = json!(opts.jobs);
     tj["wall_s"] = json!(wall.as_secs_f64());
+    tj["overrides"] = json!(opts.overrides);
     let path = out.join("table.json");
     let text = serde_json::to_string_pretty(&tj).unwrap_or_else(|_| tj.to_string());
     std::fs::write(&path, text).map_err(io(&path))?;
     report::merge_metrics(results, &out.join("metrics.jsonl"))
+}
+
+/// Writes `results.jsonl` whole (a run of the table appends to it as each
+/// run ends instead).
+fn write_results(results: &[RunResult], out: &Path, quick: bool) -> Result<(), ReproError> {
+    let path = out.join("results.jsonl");
+    let mut text = String::new();
+    for r in results {
+        text.push_str(&report::result_json(r, quick).to_string());
+        text.push('\n');
+    }
+    std::fs::write(&path, text).map_err(io(&path))
 }

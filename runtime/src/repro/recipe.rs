@@ -161,7 +161,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
 /// state-tracking --steps/--curriculum/--batch/--lr/--d-model`): the table
 /// of a longer or wider training than the one-visit default. Sizes, d_state
 /// and the optimizer stay the paper's.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Overrides {
     /// Training steps; without `curriculum`, the curriculum keeps its share
     /// of the run.

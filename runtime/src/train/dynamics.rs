@@ -22,7 +22,7 @@
 //! the rows and the best rotating channel's worst per-token distance to the
 //! lattice `(2 pi / m) Z` ([`LayerDynamics`]).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::data::{Batch, Task};
 use crate::mamba3::Mamba3Config;
@@ -32,7 +32,7 @@ use crate::mamba3::cpu::{ModelError, ScanMode, Tokens, Weights, forward};
 pub const PROBE_ROWS: usize = 4;
 
 /// What [`probe`] measured in one block.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LayerDynamics {
     /// Mean `dt` over tokens and heads.
     pub dt_mean: f64,
@@ -60,7 +60,7 @@ pub struct LayerDynamics {
 }
 
 /// The probe's result: one entry per block, and the row length it ran on.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Dynamics {
     /// Tokens per probe row.
     pub row_len: usize,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use stepgraph::Precision;
 use stepgraph::repro::recipe::{Overrides, ROTATIONS, TASKS};
-use stepgraph::repro::{ReproOptions, state_tracking};
+use stepgraph::repro::{ReproError, ReproOptions, ReproReport, merge::merge, state_tracking};
 use stepgraph::train::data::Task;
 use stepgraph::train::{Device, SignalAction, Stop};
 
@@ -87,6 +87,17 @@ struct StArgs {
     /// Residual width instead of the recipe's (heads: 2 d_model / headdim).
     #[arg(long, value_parser = at_least_one)]
     d_model: Option<usize>,
+    /// Instead of training, merge the output directories of several parts
+    /// (comma-separated) into one table in --out.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with_all = [
+            "seeds", "first_seed", "precision", "device", "jobs", "quick", "tasks", "rotations",
+            "time_limit", "steps", "curriculum", "batch", "lr", "d_model",
+        ]
+    )]
+    merge: Vec<PathBuf>,
 }
 
 const PRECISIONS: &[(Precision, &str)] = &[(Precision::F32, ""), (Precision::Bf16, "")];
@@ -159,6 +170,13 @@ fn install_handler(stop: &Arc<Stop>) {
 /// Runs the subcommand.
 pub fn run(args: &Args) -> ExitCode {
     let What::StateTracking(a) = &args.what;
+    if !a.merge.is_empty() {
+        println!(
+            "stepgraph repro state-tracking: merging {} parts",
+            a.merge.len()
+        );
+        return finish(merge(&a.merge, a.out.as_deref()), "in all parts");
+    }
     let opts = options(a);
     let stop = Arc::new(Stop::new());
     install_handler(&stop);
@@ -171,7 +189,13 @@ pub fn run(args: &Args) -> ExitCode {
         opts.jobs
     );
     let print = |l: &str| println!("{l}");
-    match state_tracking(&opts, &stop, &print) {
+    let at_once = format!("{} at once", opts.jobs);
+    finish(state_tracking(&opts, &stop, &print), &at_once)
+}
+
+/// Prints the table (or the error) and picks the exit code.
+fn finish(result: Result<ReproReport, ReproError>, how: &str) -> ExitCode {
+    match result {
         Ok(r) => {
             if let Some(n) = &r.notice {
                 println!("{n}");
@@ -181,10 +205,9 @@ pub fn run(args: &Args) -> ExitCode {
             );
             print!("{}", r.table);
             println!(
-                "\nwall time {:.1} s for {} runs ({} at once); table, runs, plots and JSONL in {}",
+                "\nwall time {:.1} s for {} runs ({how}); table, runs, plots and JSONL in {}",
                 r.wall.as_secs_f64(),
                 r.results.len(),
-                opts.jobs,
                 r.out.display()
             );
             ExitCode::SUCCESS
