@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::recipe::{self, Overrides};
 use super::runner::{Job, Outcome, RunResult};
-use super::{ReproError, ReproOptions, ReproReport, claim_out, invalid, io, report, write_files};
+use super::{ReproError, ReproOptions, ReproReport, claim_out, invalid, io, report_runs};
 use crate::Precision;
 use crate::train::data::Task;
 use crate::train::report::EvalResult;
@@ -265,13 +265,6 @@ pub fn merge(parts: &[PathBuf], out: Option<&Path>) -> Result<ReproReport, Repro
     let mut seeds: Vec<u64> = runs.iter().map(|r| r.job.seed).collect();
     seeds.sort_unstable();
     seeds.dedup();
-    runs.sort_by_key(|r| {
-        (
-            tasks.iter().position(|&t| t == r.job.task),
-            rotations.iter().position(|&x| x == r.job.rotation),
-            r.job.seed,
-        )
-    });
     let out = claim_out(out)?;
     let opts = ReproOptions {
         seeds,
@@ -285,13 +278,6 @@ pub fn merge(parts: &[PathBuf], out: Option<&Path>) -> Result<ReproReport, Repro
         time_limit: None,
         overrides: head.overrides,
     };
-    let table = report::table(
-        &runs,
-        &opts.tasks,
-        &opts.rotations,
-        opts.seeds.len(),
-        opts.quick,
-    );
     let note = format!(
         "Merged from {} parts ({}); the wall time is their sum.\n\n",
         parts.len(),
@@ -301,15 +287,7 @@ pub fn merge(parts: &[PathBuf], out: Option<&Path>) -> Result<ReproReport, Repro
             .collect::<Vec<_>>()
             .join(", ")
     );
-    write_files(&opts, &out, &runs, &table, wall, opts.device, &note)?;
-    super::write_results(&runs, &out, opts.quick)?;
-    let plots = report::plots(&runs, &opts.tasks, &out, opts.quick)?;
-    Ok(ReproReport {
-        out,
-        table,
-        results: runs,
-        wall,
-        plots,
-        notice: None,
-    })
+    let report = report_runs(&opts, out, runs, wall, opts.device, &note)?;
+    super::write_results(&report.results, &report.out, opts.quick)?;
+    Ok(report)
 }

@@ -279,16 +279,29 @@ pub fn state_tracking(
         }
         finished.store(true, Ordering::SeqCst);
     });
-    let (mut results, _) = sink.into_inner().unwrap_or_else(|p| p.into_inner());
-    let order = |r: &RunResult| {
+    let (results, _) = sink.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut report = report_runs(opts, out, results, t0.elapsed(), device, "")?;
+    report.notice = notice;
+    Ok(report)
+}
+
+/// Puts `results` in table order (task, rotation, seed, as `opts` lists
+/// them), then writes the table, its files and the plots into `out`.
+fn report_runs(
+    opts: &ReproOptions,
+    out: PathBuf,
+    mut results: Vec<RunResult>,
+    wall: Duration,
+    device: Device,
+    note: &str,
+) -> Result<ReproReport, ReproError> {
+    results.sort_by_key(|r| {
         (
             opts.tasks.iter().position(|&t| t == r.job.task),
             opts.rotations.iter().position(|&x| x == r.job.rotation),
             r.job.seed,
         )
-    };
-    results.sort_by_key(order);
-    let wall = t0.elapsed();
+    });
     let table = report::table(
         &results,
         &opts.tasks,
@@ -296,7 +309,7 @@ pub fn state_tracking(
         opts.seeds.len(),
         opts.quick,
     );
-    write_files(opts, &out, &results, &table, wall, device, "")?;
+    write_files(opts, &out, &results, &table, wall, device, note)?;
     let plots = report::plots(&results, &opts.tasks, &out, opts.quick)?;
     Ok(ReproReport {
         out,
@@ -304,7 +317,7 @@ pub fn state_tracking(
         results,
         wall,
         plots,
-        notice,
+        notice: None,
     })
 }
 
