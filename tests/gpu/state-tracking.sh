@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 16: the Mamba-3 paper's state-tracking table (Table 5b) on one GPU,
-# both precisions, 5 seeds each. The whole table needs more GPU time than one
-# ten-minute visit (from the measured step rates of 16 concurrent runs: ~10
-# min bf16, ~25 min f32), so run it a part a visit with TASKS / ROTATIONS /
-# FIRST_SEED. Stage the
+# both precisions, 5 seeds each. The whole table needs far more GPU time than
+# one ten-minute visit (an arithmetic run is 20,000 steps, about 3 minutes of
+# the H200 alone in bf16, and concurrent runs share that throughput), so run
+# it a part a visit with TASKS / ROTATIONS / FIRST_SEED and join the parts
+# with `stepgraph repro state-tracking --merge`. Stage the
 # binary here, run this there (from the repository root, .gpu/ beside it):
 #
 #   bash tests/gpu/stage --no-tests      # here: builds .gpu/bin/stepgraph

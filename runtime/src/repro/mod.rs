@@ -384,7 +384,7 @@ fn write_files(
         let r = recipe::recipe_with(t, opts.quick, &opts.overrides);
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
-             --eval-lens {},{} --curriculum {} --steps {} --batch {} --lr {} --min-lr {}`, \
+             --eval-lens {},{} --curriculum {} --steps {} --batch {} --lr {} --min-lr {} --warmup {}`, \
              d_state {}, softplus A, AdamW beta2 {} (`--beta2`), weight decay 0.1 on the \
              embedding and out_proj only (`--decay outputs`), clip 1\n",
             recipe::column(t),
@@ -400,6 +400,7 @@ fn write_files(
             r.batch,
             r.lr,
             r.min_lr,
+            r.warmup,
             recipe::d_state(opts.quick),
             recipe::BETA2,
         ));
