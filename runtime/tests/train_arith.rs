@@ -237,6 +237,23 @@ fn scaled_accuracy_is_zero_at_chance_and_100_when_perfect() {
 }
 
 #[test]
+fn the_first_lattice_is_the_modulus_and_the_units_of_z5_have_order_4() {
+    for task in Task::ALL {
+        assert_eq!(task.lattices().first().copied(), task.modulus(), "{task:?}");
+    }
+    // The second arithmetic lattice: 2 generates the units of Z5 in 4 steps.
+    let powers: Vec<u32> = (0..4)
+        .scan(1, |p, _| {
+            let v = *p;
+            *p = *p * 2 % 5;
+            Some(v)
+        })
+        .collect();
+    assert_eq!(powers, [1, 2, 4, 3]);
+    assert_eq!(Task::ModarithPrec.lattices(), [5, 4]);
+}
+
+#[test]
 fn the_new_tasks_parse_and_serialize_by_name() {
     for (name, task) in [
         ("modarith-prec", Task::ModarithPrec),

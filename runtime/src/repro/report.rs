@@ -135,9 +135,15 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
             r.last_loss
                 .map_or_else(|| "-".into(), |l| format!("{l:.4}")),
             per_layer(r, |l| format!("{:.3}", l.retention_best)),
-            per_layer(r, |l| l
-                .lattice_error
-                .map_or_else(|| "none".into(), |e| format!("{e:.4}"))),
+            per_layer(r, |l| {
+                let mut s = l
+                    .lattice_error
+                    .map_or_else(|| "none".into(), |e| format!("{e:.4}"));
+                for f in &l.other_lattices {
+                    let _ = write!(s, " (m {}: {:.4})", f.modulus, f.error);
+                }
+                s
+            }),
             per_layer(r, |l| format!("{:.2}", l.angle_max)),
         );
     }

@@ -290,6 +290,19 @@ impl Task {
         }
     }
 
+    /// The lattices of rotation steps an exact solution turns by, as
+    /// moduli `m` of `(2 pi / m) Z`: the task's modulus first, then for the
+    /// arithmetic 4, the order of the units of Z5 (a product of nonzero
+    /// operands is tracked as a sum of discrete logarithms to base 2).
+    /// Empty for the memory tasks.
+    pub fn lattices(self) -> &'static [u32] {
+        match self {
+            Self::Parity => &[2],
+            Self::Modarith | Self::ModarithPrec | Self::ModarithBrackets => &[arith::MODULUS, 4],
+            Self::Copy | Self::Mqar => &[],
+        }
+    }
+
     /// The paper's scaled accuracy: 0 at chance, 1 when every answer is
     /// right (`(acc - chance) / (1 - chance)`; negative below chance).
     pub fn scaled_accuracy(self, accuracy: f64) -> f64 {
