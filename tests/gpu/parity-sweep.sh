@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # Runs several `stepgraph train` jobs side by side on one GPU and prints, for
-# each, its eval lines and final summary. Used to search the parity recipe of
-# issue 7 (train on sizes <= 160, evaluate 256) on the device machine:
+# each, its eval lines and final summary. Written to search the parity recipe
+# of issue 7 (train on sizes <= 160, evaluate 256); the arithmetic sweeps of
+# issue 16 use it too:
 #
 #   bash tests/gpu/parity-sweep.sh tests/gpu/parity-sweep-1.txt [BIN]
+#   MPS=1 LIMIT=540 bash tests/gpu/parity-sweep.sh tests/gpu/arith-sweep-1.txt
 #
 # SWEEP_FILE holds one job per line, `name: train flags`; `#` lines are
-# skipped. Every job gets `--progress plain --run-dir $OUT/parity/NAME`; its
-# output goes to $OUT/parity/NAME.log. BIN defaults to .gpu/bin/stepgraph,
+# skipped. Every job gets `--progress plain --run-dir $OUT/sweep/NAME`; its
+# output goes to $OUT/sweep/NAME.log. BIN defaults to .gpu/bin/stepgraph,
 # which `bash tests/gpu/stage` builds (or pass target/release/stepgraph).
+#
+# LIMIT (seconds) stops every job then as a signal would (a checkpoint, the
+# final evaluation, exit 0), so a device call's time limit never loses the
+# summaries. MPS=1 starts the CUDA MPS daemon first, so the jobs' kernels
+# share the GPU instead of time-slicing it. Every 15 s, and at the end,
+# $OUT/evals.jsonl gets every job's eval lines tagged with its name: what a
+# call that is cut short still brings back.
 set -uo pipefail
 sweep=$1
 bin=${2:-.gpu/bin/stepgraph}
@@ -16,9 +25,23 @@ if [ ! -x "$bin" ]; then
   echo "no $bin: run 'bash tests/gpu/stage' first, or pass the binary as the second argument" >&2
   exit 2
 fi
-out=${OUT:-$(mktemp -d)}/parity
+top=${OUT:-$(mktemp -d)}
+out=$top/sweep
 mkdir -p "$out"
+if [ "${MPS:-0}" = 1 ]; then
+  nvidia-cuda-mps-control -d && echo "MPS daemon started" || echo "MPS did not start: the jobs time-slice"
+fi
+limit=()
+[ -n "${LIMIT:-}" ] && limit=(timeout --preserve-status -s INT "$LIMIT")
+collect() {
+  for log in "$out"/*/metrics.jsonl; do
+    [ -e "$log" ] || continue
+    name=$(basename "$(dirname "$log")")
+    grep -h '"eval"' "$log" | sed "s|^{|{\"job\":\"$name\",|"
+  done > "$top/evals.jsonl.tmp" && mv "$top/evals.jsonl.tmp" "$top/evals.jsonl"
+}
 names=()
+pids=()
 while IFS= read -r line; do
   case "$line" in '#'* | '') continue ;; esac
   name=${line%%:*}
@@ -26,10 +49,15 @@ while IFS= read -r line; do
   names+=("$name")
   # shellcheck disable=SC2086 # the flags are meant to split
   ( SECONDS=0
-    "$bin" train --progress plain --run-dir "$out/$name" $args > "$out/$name.log" 2>&1
+    "${limit[@]}" "$bin" train --progress plain --run-dir "$out/$name" $args > "$out/$name.log" 2>&1
     echo "exit $? after ${SECONDS} s" >> "$out/$name.log" ) &
+  pids+=($!)
 done < "$sweep"
-wait
+( while sleep 15; do collect; done ) &
+collector=$!
+wait "${pids[@]}"
+kill "$collector" 2>/dev/null
+collect
 for name in "${names[@]}"; do
   echo "===== $name: $(grep -m1 '^batch' "$out/$name.log")"
   grep -E '^eval @|^done|^accuracy|^exit|error' "$out/$name.log" | tail -${PARITY_TAIL:-12}
