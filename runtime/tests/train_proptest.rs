@@ -97,7 +97,13 @@ fn job(
     if softplus {
         add("--a-activation", "softplus".into());
     }
-    for (on, flag) in [(full_rope, "--full-rope"), (no_rotation, "--no-rotation")] {
+    // The seed's parity decides the out-projection norm: one more switch
+    // without another strategy axis.
+    for (on, flag) in [
+        (full_rope, "--full-rope"),
+        (no_rotation, "--no-rotation"),
+        (seed % 2 == 1, "--outproj-norm"),
+    ] {
         if on {
             add(flag, String::new());
         }

@@ -33,6 +33,7 @@ fn run_config(steps: u64) -> RunConfig {
             full_rope: false,
             rotation: Rotation::Data,
             a_activation: AActivation::HeavyTail,
+            outproj_norm: false,
         },
         device: Device::Cpu,
         precision: Precision::F32,

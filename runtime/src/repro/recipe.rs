@@ -258,6 +258,7 @@ impl Recipe {
                 // The paper's map: a decay near zero (a state kept over
                 // hundreds of tokens) is reachable (README, parity sweeps).
                 a_activation: AActivation::Softplus,
+                outproj_norm: false,
             },
             device,
             precision,

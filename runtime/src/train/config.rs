@@ -182,6 +182,11 @@ pub struct ModelSize {
     /// The decay map of `A` (`--a-activation`).
     #[serde(with = "a_activation_name")]
     pub a_activation: AActivation,
+    /// A grouped RMSNorm of `y` before the z gate (`--outproj-norm`, the
+    /// official `is_outproj_norm`; the paper finds it helps length
+    /// generalization in hybrids). Absent from runs saved before it existed.
+    #[serde(default)]
+    pub outproj_norm: bool,
 }
 
 /// `AActivation` as its `config.json` name (`heavy_tail`, `softplus`).
@@ -273,6 +278,7 @@ pub enum Setting {
     FullRope,
     Rotation,
     AActivation,
+    OutprojNorm,
     Device,
     Precision,
     Batch,
@@ -310,7 +316,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 33] = [
+    pub const ALL: [Setting; 34] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -328,6 +334,7 @@ impl Setting {
         Self::FullRope,
         Self::Rotation,
         Self::AActivation,
+        Self::OutprojNorm,
         Self::Device,
         Self::Precision,
         Self::Batch,
@@ -366,6 +373,7 @@ impl Setting {
             Self::FullRope => "--full-rope",
             Self::Rotation => "--rotation",
             Self::AActivation => "--a-activation",
+            Self::OutprojNorm => "--outproj-norm",
             Self::Device => "--device",
             Self::Precision => "--precision",
             Self::Batch => "--batch",
@@ -452,6 +460,7 @@ impl Setting {
                 }
                 .into(),
             ),
+            (Self::OutprojNorm, _) => switch(m.outproj_norm),
             (Self::Device, _) => with(cfg.device.name().into()),
             (Self::Precision, _) => with(cfg.precision.name().into()),
             (Self::Batch, _) => with(cfg.batch.to_string()),
@@ -674,6 +683,7 @@ pub fn model_config(size: ModelSize, vocab: usize) -> Result<Mamba3Config, Train
         },
         a_activation: size.a_activation,
         rope_angles: size.rotation.angles(),
+        is_outproj_norm: size.outproj_norm,
         ..Mamba3Config::default()
     };
     cfg.validate().map_err(|e| flag_error(&size, e))?;
@@ -765,6 +775,7 @@ mod tests {
                 full_rope: false,
                 rotation: Rotation::Data,
                 a_activation: crate::mamba3::AActivation::Softplus,
+                outproj_norm: false,
             },
             device: super::Device::Cpu,
             precision: crate::Precision::F32,

@@ -380,7 +380,7 @@ fn start_lines(
     let info = engine.info();
     let params = memory::param_count(cfg);
     progress.line(&format!(
-        "stepgraph train: {} {} on {}; model d_model {} n_layer {} d_state {} headdim {}{}{}{} ({params} params); {}",
+        "stepgraph train: {} {} on {}; model d_model {} n_layer {} d_state {} headdim {}{}{}{}{} ({params} params); {}",
         info.name,
         info.precision,
         info.device,
@@ -395,6 +395,7 @@ fn start_lines(
             Rotation::Fixed => " fixed-RoPE",
             Rotation::None => " no-rotation",
         },
+        if cfg.is_outproj_norm { " outproj-norm" } else { "" },
         data.describe()
     ));
     progress.line(&format!(

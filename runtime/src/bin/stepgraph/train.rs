@@ -87,6 +87,10 @@ pub struct Args {
     /// The same as --rotation none.
     #[arg(long, conflicts_with = "rotation")]
     no_rotation: bool,
+    /// Normalize y per head group (a grouped RMSNorm) before the z gate: the
+    /// official is_outproj_norm.
+    #[arg(long)]
+    outproj_norm: bool,
     /// Decay map f of A = -max(f(dd_A), A_floor): the official heavy-tail, or the paper's softplus.
     #[arg(long, value_enum, default_value_t = AActArg::HeavyTail)]
     a_activation: AActArg,
@@ -306,6 +310,7 @@ fn run_config(a: &Args) -> RunConfig {
                 AActArg::HeavyTail => AActivation::HeavyTail,
                 AActArg::Softplus => AActivation::Softplus,
             },
+            outproj_norm: a.outproj_norm,
         },
         device: a.device.into(),
         precision: a.precision,
