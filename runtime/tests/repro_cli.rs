@@ -140,6 +140,10 @@ fn bad_arguments_are_usage_errors() {
         "invalid value '-1' for '--lr <LR>'",
     );
     usage(
+        &["repro", "state-tracking", "--resume", "t", "--seeds", "2"],
+        "'--resume <RESUME>' cannot be used with '--seeds <SEEDS>'",
+    );
+    usage(
         &["train", "--rotation", "random"],
         "[possible values: data, fixed, none]",
     );

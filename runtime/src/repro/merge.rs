@@ -26,13 +26,13 @@ use crate::train::{Device, Rotation};
 
 /// What one part's `table.json` says about how it ran.
 #[derive(Debug, Clone, PartialEq)]
-struct Header {
-    precision: Precision,
-    quick: bool,
-    overrides: Overrides,
-    wall: Duration,
-    jobs: usize,
-    device: Device,
+pub(super) struct Header {
+    pub(super) precision: Precision,
+    pub(super) quick: bool,
+    pub(super) overrides: Overrides,
+    pub(super) wall: Duration,
+    pub(super) jobs: usize,
+    pub(super) device: Device,
 }
 
 fn bad(path: &Path, reason: impl Into<String>) -> ReproError {
@@ -47,7 +47,7 @@ fn read_json(path: &Path) -> Result<Value, ReproError> {
     serde_json::from_str(&text).map_err(|e| bad(path, e.to_string()))
 }
 
-fn header(dir: &Path) -> Result<Header, ReproError> {
+pub(super) fn header(dir: &Path) -> Result<Header, ReproError> {
     let path = dir.join("table.json");
     let v = read_json(&path)?;
     let precision = match v.get("precision").and_then(Value::as_str) {
@@ -172,18 +172,26 @@ fn run_result(v: &Value, dir: &Path, path: &Path, line: usize) -> Result<RunResu
     })
 }
 
-fn results(dir: &Path) -> Result<Vec<RunResult>, ReproError> {
+/// The runs of one output directory's `results.jsonl`. A resumed table
+/// appends a later line for a run it continued, so the last line of a run
+/// is the one that counts.
+pub(super) fn results(dir: &Path) -> Result<Vec<RunResult>, ReproError> {
     let path = dir.join("results.jsonl");
     let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            let v: Value =
-                serde_json::from_str(l).map_err(|e| bad(&path, format!("line {}: {e}", i + 1)))?;
-            run_result(&v, dir, &path, i + 1)
-        })
-        .collect()
+    let mut runs: Vec<RunResult> = Vec::new();
+    for (i, l) in text.lines().enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        let v: Value =
+            serde_json::from_str(l).map_err(|e| bad(&path, format!("line {}: {e}", i + 1)))?;
+        let r = run_result(&v, dir, &path, i + 1)?;
+        match runs.iter_mut().find(|x| x.job == r.job) {
+            Some(earlier) => *earlier = r,
+            None => runs.push(r),
+        }
+    }
+    Ok(runs)
 }
 
 /// Adds `r` (from `part`) to `runs`, where `from[i]` is the part of

@@ -21,11 +21,13 @@
 //! ```
 //!
 //! The table of one GPU visit can be a part of the whole ([`ReproOptions`]'s
-//! tasks, rotations and seeds); [`merge`] joins parts into one table.
+//! tasks, rotations and seeds); [`merge`] joins parts into one table, and
+//! [`resume`] continues a part whose runs a time limit stopped.
 
 pub mod merge;
 pub mod recipe;
 pub mod report;
+pub mod resume;
 pub mod runner;
 
 use std::collections::VecDeque;
@@ -42,7 +44,7 @@ use crate::Precision;
 use crate::train::data::Task;
 use crate::train::run::{Resolved, resolve_device};
 use crate::train::{Device, Rotation, Stop, TrainError};
-use runner::{Outcome, Plan, RunResult};
+use runner::{Outcome, Plan, RunResult, Start};
 
 /// Why the reproduction could not run.
 #[derive(Debug, Error)]
@@ -240,7 +242,32 @@ pub fn state_tracking(
         &opts.seeds,
         opts.quick,
         &opts.overrides,
-    );
+    )
+    .into_iter()
+    .map(|j| (j, Start::Fresh))
+    .collect();
+    let results_path = out.join("results.jsonl");
+    let results_file = std::fs::File::create(&results_path).map_err(io(&results_path))?;
+    let results = drain(opts, device, &out, queue, results_file, stop, line);
+    let mut report = report_runs(opts, out, results, t0.elapsed(), device, "")?;
+    report.notice = notice;
+    Ok(report)
+}
+
+/// Trains `queue` with `opts.jobs` workers into `out/runs`, appending each
+/// result to `results_file` (`results.jsonl`) and announcing it through
+/// `line` as it ends; `opts.time_limit`, counted from the call, stops the
+/// runs as a signal would.
+fn drain(
+    opts: &ReproOptions,
+    device: Device,
+    out: &Path,
+    queue: Vec<(runner::Job, Start)>,
+    results_file: std::fs::File,
+    stop: &Stop,
+    line: &(dyn Fn(&str) + Sync),
+) -> Vec<RunResult> {
+    let t0 = Instant::now();
     let total = queue.len();
     let runs_dir = out.join("runs");
     let plan = Plan {
@@ -252,8 +279,6 @@ pub fn state_tracking(
         overrides: opts.overrides,
         stop,
     };
-    let results_path = out.join("results.jsonl");
-    let results_file = std::fs::File::create(&results_path).map_err(io(&results_path))?;
     let sink = Mutex::new((Vec::new(), results_file));
     let done = |r: RunResult| {
         let mut guard = sink.lock().unwrap_or_else(|p| p.into_inner());
@@ -279,10 +304,7 @@ pub fn state_tracking(
         }
         finished.store(true, Ordering::SeqCst);
     });
-    let (results, _) = sink.into_inner().unwrap_or_else(|p| p.into_inner());
-    let mut report = report_runs(opts, out, results, t0.elapsed(), device, "")?;
-    report.notice = notice;
-    Ok(report)
+    sink.into_inner().unwrap_or_else(|p| p.into_inner()).0
 }
 
 /// Puts `results` in table order (task, rotation, seed, as `opts` lists

@@ -8,7 +8,9 @@
 //! Threads of one process share the device in a way separate processes
 //! cannot (without MPS their kernels take turns). The queue is ordered seed
 //! by seed, the longest runs of a seed first, so a run stopped early (a
-//! signal, `--time-limit`) leaves whole seeds behind it.
+//! signal, `--time-limit`) leaves whole seeds behind it. A queued run either
+//! starts in an empty directory or continues the run its directory holds
+//! ([`Start`], `--resume`).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -20,7 +22,7 @@ use crate::Precision;
 use crate::train::data::Task;
 use crate::train::dynamics::Dynamics;
 use crate::train::report::{EvalResult, ProgressMode};
-use crate::train::{Device, Rotation, RunStatus, Stop, TrainOptions, train};
+use crate::train::{Device, Resume, Rotation, RunStatus, Setting, Stop, TrainOptions, train};
 
 /// One training run of the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +45,17 @@ impl Job {
             self.seed
         )
     }
+}
+
+/// How a queued run begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// A new run in its (absent or empty) directory.
+    Fresh,
+    /// Continue the run its directory holds, from the newest intact
+    /// checkpoint; every setting is compared with the saved run's, so a
+    /// recipe that changed since is an error, not a silently mixed run.
+    Resume,
 }
 
 /// How a run ended.
@@ -93,8 +106,8 @@ impl RunResult {
 
 /// What the workers share.
 pub struct Plan<'a> {
-    /// Runs not yet started.
-    pub queue: Mutex<VecDeque<Job>>,
+    /// Runs not yet started, and how each begins.
+    pub queue: Mutex<VecDeque<(Job, Start)>>,
     /// Where each run's directory goes.
     pub runs_dir: &'a Path,
     /// Precision of every run.
@@ -149,14 +162,14 @@ pub fn work(plan: &Plan<'_>, done: &(dyn Fn(RunResult) + Sync)) {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop_front();
-        let Some(job) = next else {
+        let Some((job, start)) = next else {
             return;
         };
-        done(run(plan, job));
+        done(run(plan, job, start));
     }
 }
 
-fn run(plan: &Plan<'_>, job: Job) -> RunResult {
+fn run(plan: &Plan<'_>, job: Job, start: Start) -> RunResult {
     let r: Recipe = recipe_with(job.task, plan.quick, &plan.overrides);
     let dir = plan.runs_dir.join(job.name());
     let mut result = RunResult {
@@ -181,8 +194,11 @@ fn run(plan: &Plan<'_>, job: Job) -> RunResult {
             plan.device,
             plan.quick,
         ),
-        run_dir: Some(dir),
-        resume: None,
+        run_dir: (start == Start::Fresh).then(|| dir.clone()),
+        resume: (start == Start::Resume).then(|| Resume {
+            from: dir,
+            given: Setting::ALL.to_vec(),
+        }),
         stop_after: None,
         progress: ProgressMode::Quiet,
         log_dynamics: true,

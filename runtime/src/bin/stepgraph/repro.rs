@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use stepgraph::Precision;
 use stepgraph::repro::recipe::{Overrides, ROTATIONS, TASKS};
-use stepgraph::repro::{ReproError, ReproOptions, ReproReport, merge::merge, state_tracking};
+use stepgraph::repro::{
+    ReproError, ReproOptions, ReproReport, merge::merge, resume::resume, state_tracking,
+};
 use stepgraph::train::data::Task;
 use stepgraph::train::{Device, SignalAction, Stop};
 
@@ -98,6 +100,18 @@ struct StArgs {
         ]
     )]
     merge: Vec<PathBuf>,
+    /// Continue the table in this output directory: stopped runs from their
+    /// checkpoints, skipped ones from the start; finished ones are kept, and
+    /// the table, its files and plots are rewritten there. Takes --jobs and
+    /// --time-limit; everything else is what the table was run with.
+    #[arg(
+        long,
+        conflicts_with_all = [
+            "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
+            "steps", "curriculum", "batch", "lr", "d_model", "merge", "out",
+        ]
+    )]
+    resume: Option<PathBuf>,
 }
 
 const PRECISIONS: &[(Precision, &str)] = &[(Precision::F32, ""), (Precision::Bf16, "")];
@@ -177,9 +191,17 @@ pub fn run(args: &Args) -> ExitCode {
         );
         return finish(merge(&a.merge, a.out.as_deref()), "in all parts");
     }
-    let opts = options(a);
     let stop = Arc::new(Stop::new());
     install_handler(&stop);
+    let print = |l: &str| println!("{l}");
+    if let Some(dir) = &a.resume {
+        let limit = a.time_limit.map(Duration::from_secs);
+        return finish(
+            resume(dir, a.jobs, limit, &stop, &print),
+            "over all its visits",
+        );
+    }
+    let opts = options(a);
     println!(
         "stepgraph repro state-tracking: {} tasks x {} rotation modes x {} seeds, {}, {} at once",
         opts.tasks.len(),
@@ -188,7 +210,6 @@ pub fn run(args: &Args) -> ExitCode {
         opts.precision.name(),
         opts.jobs
     );
-    let print = |l: &str| println!("{l}");
     let at_once = format!("{} at once", opts.jobs);
     finish(state_tracking(&opts, &stop, &print), &at_once)
 }

@@ -1,0 +1,147 @@
+//! `stepgraph repro state-tracking --resume DIR`: continue a table that a
+//! time limit or a signal stopped, in its own directory.
+//!
+//! An arithmetic run of the full recipe takes minutes of a GPU to itself,
+//! and runs that share the GPU share its throughput, so a table rarely
+//! finishes within one visit to a GPU machine. Every stopped run has
+//! checkpointed its state; resuming continues each one from its newest
+//! intact checkpoint (bit-identically, as `stepgraph train --resume` does),
+//! starts the runs the stop skipped, and keeps the finished ones. The table
+//! is what one uninterrupted command would have written; its wall time is
+//! the sum of the visits.
+//!
+//! What the directory's `table.json` records (precision, device, quick mode,
+//! recipe overrides) decides how the runs train; every setting of a
+//! continued run is also compared with the one it saved, so a binary whose
+//! recipe changed since refuses the run (it is reported failed, naming the
+//! setting) instead of mixing two recipes in one run.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::merge::{header, results};
+use super::recipe;
+use super::runner::{self, Outcome, Start};
+use super::{ReproError, ReproOptions, ReproReport, drain, io, report_runs, write_results};
+use crate::train::run::{Resolved, resolve_device};
+use crate::train::{Device, Stop};
+
+/// How a run of the saved table goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Finished: kept as it is.
+    Keep,
+    /// Trained again from the start or from its checkpoint.
+    Train(Start),
+    /// Failed or stopped with no checkpoint, in a directory that is not
+    /// empty: left as it is (moving the directory away lets a later resume
+    /// start it again).
+    Stuck,
+}
+
+/// What to do with a run of the saved table whose directory is `dir`.
+pub fn next(outcome: &Outcome, dir: &Path) -> Next {
+    if *outcome == Outcome::Finished {
+        return Next::Keep;
+    }
+    let has_checkpoint = std::fs::read_dir(dir.join("checkpoints"))
+        .is_ok_and(|mut entries| entries.next().is_some());
+    let empty = std::fs::read_dir(dir).map_or(true, |mut entries| entries.next().is_none());
+    if has_checkpoint {
+        Next::Train(Start::Resume)
+    } else if empty {
+        Next::Train(Start::Fresh)
+    } else {
+        Next::Stuck
+    }
+}
+
+/// Continues the table in `dir` (see the module docs) with `jobs` runs at
+/// once (default: as many as it ran with) and an optional time limit for
+/// this visit; `line` gets one line per run as it ends.
+pub fn resume(
+    dir: &Path,
+    jobs: Option<usize>,
+    time_limit: Option<Duration>,
+    stop: &Stop,
+    line: &(dyn Fn(&str) + Sync),
+) -> Result<ReproReport, ReproError> {
+    let head = header(dir)?;
+    let saved = results(dir)?;
+    let (device, notice) = match resolve_device(head.device, head.precision)? {
+        Resolved::Cpu(notice) => (Device::Cpu, notice),
+        Resolved::Cuda(_) => (Device::Cuda, None),
+    };
+    let tasks: Vec<_> = recipe::TASKS
+        .into_iter()
+        .filter(|&t| saved.iter().any(|r| r.job.task == t))
+        .collect();
+    let rotations: Vec<_> = recipe::ROTATIONS
+        .into_iter()
+        .filter(|&x| saved.iter().any(|r| r.job.rotation == x))
+        .collect();
+    let mut seeds: Vec<u64> = saved.iter().map(|r| r.job.seed).collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    let opts = ReproOptions {
+        seeds,
+        precision: head.precision,
+        device,
+        out: Some(dir.to_path_buf()),
+        jobs: jobs.unwrap_or(head.jobs).max(1),
+        quick: head.quick,
+        tasks,
+        rotations,
+        time_limit,
+        overrides: head.overrides,
+    };
+    // The queue in the order a fresh table would run it, of the runs that
+    // still train.
+    let queue: Vec<_> = runner::jobs(
+        &opts.tasks,
+        &opts.rotations,
+        &opts.seeds,
+        opts.quick,
+        &opts.overrides,
+    )
+    .into_iter()
+    .filter_map(|job| {
+        let r = saved.iter().find(|r| r.job == job)?;
+        match next(&r.outcome, &r.dir) {
+            Next::Train(start) => Some((job, start)),
+            Next::Keep | Next::Stuck => None,
+        }
+    })
+    .collect();
+    line(&format!(
+        "resuming {}: {} of {} runs to train ({} to continue from a checkpoint)",
+        dir.display(),
+        queue.len(),
+        saved.len(),
+        queue.iter().filter(|(_, s)| *s == Start::Resume).count()
+    ));
+    let results_path = dir.join("results.jsonl");
+    let results_file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&results_path)
+        .map_err(io(&results_path))?;
+    let t0 = Instant::now();
+    let trained = drain(&opts, device, dir, queue, results_file, stop, line);
+    let mut runs = saved;
+    for mut r in trained {
+        if let Some(earlier) = runs.iter_mut().find(|x| x.job == r.job) {
+            // A continued run's wall time covers every visit.
+            r.wall += earlier.wall;
+            *earlier = r;
+        }
+    }
+    let note = format!(
+        "Resumed in {}; the wall time is the sum of its visits.\n\n",
+        dir.display()
+    );
+    let wall = head.wall + t0.elapsed();
+    let mut report = report_runs(&opts, dir.to_path_buf(), runs, wall, device, &note)?;
+    write_results(&report.results, dir, opts.quick)?;
+    report.notice = notice;
+    Ok(report)
+}

@@ -1,0 +1,139 @@
+//! Issue 16: `stepgraph repro state-tracking --resume`. A table stopped in
+//! the middle of a run and resumed ends exactly where the same table run
+//! without a stop ends: the stopped run continues from its checkpoint, the
+//! skipped one starts, and the files are rewritten in place.
+
+use std::path::Path;
+use std::time::Duration;
+
+use stepgraph::Precision;
+use stepgraph::repro::recipe::Overrides;
+use stepgraph::repro::resume::{Next, next, resume};
+use stepgraph::repro::runner::{Outcome, RunResult, Start};
+use stepgraph::repro::{ReproOptions, state_tracking};
+use stepgraph::train::data::Task;
+use stepgraph::train::{Device, Rotation, Stop};
+
+fn options(out: &Path, time_limit: Option<Duration>) -> ReproOptions {
+    ReproOptions {
+        seeds: vec![0],
+        precision: Precision::F32,
+        device: Device::Cpu,
+        out: Some(out.to_path_buf()),
+        jobs: 1,
+        quick: true,
+        tasks: vec![Task::Parity],
+        rotations: vec![Rotation::Data, Rotation::None],
+        time_limit,
+        overrides: Overrides {
+            steps: Some(60),
+            ..Overrides::default()
+        },
+    }
+}
+
+fn outcome(results: &[RunResult], rotation: Rotation) -> &RunResult {
+    results.iter().find(|r| r.job.rotation == rotation).unwrap()
+}
+
+#[test]
+fn a_stopped_table_resumed_ends_as_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let quiet = |_: &str| {};
+    let whole = state_tracking(
+        &options(&dir.path().join("whole"), None),
+        &Stop::new(),
+        &quiet,
+    )
+    .unwrap();
+    // The time limit stops the first run (the data row) in its training;
+    // the second never starts.
+    let part_dir = dir.path().join("part");
+    let limit = Some(Duration::from_millis(100));
+    let part = state_tracking(&options(&part_dir, limit), &Stop::new(), &quiet).unwrap();
+    let first = outcome(&part.results, Rotation::Data);
+    assert_eq!(first.outcome, Outcome::Stopped, "{first:?}");
+    assert!(first.steps < 60, "{first:?}");
+    assert_eq!(
+        outcome(&part.results, Rotation::None).outcome,
+        Outcome::Skipped
+    );
+    assert_eq!(next(&first.outcome, &first.dir), Next::Train(Start::Resume));
+
+    let lines = std::sync::Mutex::new(Vec::new());
+    let log = |l: &str| lines.lock().unwrap().push(l.to_owned());
+    let resumed = resume(&part_dir, None, None, &Stop::new(), &log).unwrap();
+    let lines = lines.into_inner().unwrap();
+    assert!(
+        lines[0].contains("2 of 2 runs to train (1 to continue from a checkpoint)"),
+        "{lines:?}"
+    );
+    assert_eq!(resumed.results.len(), 2);
+    for rotation in [Rotation::Data, Rotation::None] {
+        let (a, b) = (
+            outcome(&whole.results, rotation),
+            outcome(&resumed.results, rotation),
+        );
+        assert_eq!((&a.outcome, a.steps), (&Outcome::Finished, 60));
+        assert_eq!((&b.outcome, b.steps), (&Outcome::Finished, 60));
+        // Bit-identical: the same evaluations to the last bit.
+        assert_eq!(a.eval.len(), b.eval.len());
+        for (x, y) in a.eval.iter().zip(&b.eval) {
+            assert_eq!(
+                x.loss.to_bits(),
+                y.loss.to_bits(),
+                "{rotation:?}: {x:?} vs {y:?}"
+            );
+            assert_eq!(x.accuracy.to_bits(), y.accuracy.to_bits());
+        }
+    }
+    // The files say the same: one line per run, each finished.
+    let jsonl = std::fs::read_to_string(part_dir.join("results.jsonl")).unwrap();
+    assert_eq!(jsonl.lines().count(), 2, "{jsonl}");
+    assert!(
+        jsonl
+            .lines()
+            .all(|l| l.contains("\"outcome\":\"finished\"")),
+        "{jsonl}"
+    );
+    let md = std::fs::read_to_string(part_dir.join("table.md")).unwrap();
+    assert!(md.contains("Resumed in"), "{md}");
+    assert_eq!(
+        md,
+        md.replace("stopped", ""),
+        "no run is left stopped:\n{md}"
+    );
+
+    // Resuming a finished table trains nothing and keeps it.
+    let again = resume(&part_dir, None, None, &Stop::new(), &quiet).unwrap();
+    assert!(again.results.iter().all(|r| r.outcome == Outcome::Finished));
+}
+
+#[test]
+fn what_a_run_needs_follows_its_outcome_and_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let absent = dir.path().join("absent");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let used = dir.path().join("used");
+    std::fs::create_dir(&used).unwrap();
+    std::fs::write(used.join("metrics.jsonl"), "{}\n").unwrap();
+    let saved = dir.path().join("saved");
+    std::fs::create_dir_all(saved.join("checkpoints/step-00000010")).unwrap();
+    let failed = Outcome::Failed("boom".into());
+    assert_eq!(next(&Outcome::Finished, &saved), Next::Keep);
+    assert_eq!(next(&Outcome::Stopped, &saved), Next::Train(Start::Resume));
+    assert_eq!(next(&failed, &saved), Next::Train(Start::Resume));
+    assert_eq!(next(&Outcome::Skipped, &absent), Next::Train(Start::Fresh));
+    assert_eq!(next(&failed, &empty), Next::Train(Start::Fresh));
+    assert_eq!(next(&failed, &used), Next::Stuck);
+    assert_eq!(next(&Outcome::Stopped, &used), Next::Stuck);
+}
+
+#[test]
+fn a_directory_that_is_no_table_is_an_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = resume(dir.path(), None, None, &Stop::new(), &|_: &str| {}).unwrap_err();
+    assert_eq!(e.exit_code(), 1);
+    assert!(e.to_string().contains("table.json"), "{e}");
+}
