@@ -110,6 +110,50 @@ fn a_stopped_table_resumed_ends_as_an_uninterrupted_one() {
 }
 
 #[test]
+fn a_table_killed_outright_resumes_from_its_provisional_table_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    let quiet = |_: &str| {};
+    let mut o = options(&out, None);
+    o.overrides = Overrides::default();
+    // A stop before the first run: every run skipped, then the process
+    // "dies": its results and table are lost, the provisional header and one
+    // run's half-written directory remain.
+    let stop = Stop::new();
+    stop.request();
+    state_tracking(&o, &stop, &quiet).unwrap();
+    std::fs::remove_file(out.join("results.jsonl")).unwrap();
+    let head = serde_json::json!({
+        "precision": "f32", "device": "cpu", "tasks": ["parity"], "rotations": ["data", "none"],
+        "seeds": [0], "quick": true, "jobs": 1, "wall_s": 0.0, "overrides": null,
+        "complete": false,
+    });
+    std::fs::write(out.join("table.json"), head.to_string()).unwrap();
+    let junk = out.join("runs/parity-none-s0");
+    std::fs::create_dir_all(&junk).unwrap();
+    std::fs::write(junk.join("metrics.jsonl"), "{}\n").unwrap();
+
+    let lines = std::sync::Mutex::new(Vec::new());
+    let log = |l: &str| lines.lock().unwrap().push(l.to_owned());
+    let r = resume(&out, None, None, &Stop::new(), &log).unwrap();
+    let lines = lines.into_inner().unwrap();
+    assert!(
+        lines[0].contains("1 of 2 runs to train (0 to continue"),
+        "{lines:?}"
+    );
+    assert!(lines[1].contains("parity-none-s0"), "{lines:?}");
+    assert_eq!(
+        outcome(&r.results, Rotation::Data).outcome,
+        Outcome::Finished
+    );
+    let none = outcome(&r.results, Rotation::None);
+    assert!(
+        matches!(&none.outcome, Outcome::Failed(e) if e.contains("process ended")),
+        "{none:?}"
+    );
+}
+
+#[test]
 fn what_a_run_needs_follows_its_outcome_and_directory() {
     let dir = tempfile::tempdir().unwrap();
     let absent = dir.path().join("absent");

@@ -33,6 +33,46 @@ pub(super) struct Header {
     pub(super) wall: Duration,
     pub(super) jobs: usize,
     pub(super) device: Device,
+    /// The table's selection, when its `table.json` names it (tables
+    /// written before it did name only their cells).
+    pub(super) selection: Option<Selection>,
+}
+
+/// The columns, rows and seeds a table was started with.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Selection {
+    pub(super) tasks: Vec<Task>,
+    pub(super) rotations: Vec<Rotation>,
+    pub(super) seeds: Vec<u64>,
+}
+
+/// The selection `table.json` records, if it records one whole.
+fn selection(v: &Value, path: &Path) -> Result<Option<Selection>, ReproError> {
+    let names = |key: &str| -> Option<Vec<&str>> {
+        v.get(key)?.as_array()?.iter().map(Value::as_str).collect()
+    };
+    let (Some(tasks), Some(rotations), Some(seeds)) = (
+        names("tasks"),
+        names("rotations"),
+        v.get("seeds")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>()),
+    ) else {
+        return Ok(None);
+    };
+    let task = |n: &str| Task::ALL.into_iter().find(|t| t.name() == n);
+    let rotation = |n: &str| recipe::ROTATIONS.into_iter().find(|r| r.name() == n);
+    Ok(Some(Selection {
+        tasks: tasks
+            .into_iter()
+            .map(|n| task(n).ok_or_else(|| bad(path, format!("unknown task `{n}`"))))
+            .collect::<Result<_, _>>()?,
+        rotations: rotations
+            .into_iter()
+            .map(|n| rotation(n).ok_or_else(|| bad(path, format!("unknown rotation `{n}`"))))
+            .collect::<Result<_, _>>()?,
+        seeds,
+    }))
 }
 
 fn bad(path: &Path, reason: impl Into<String>) -> ReproError {
@@ -72,6 +112,7 @@ pub(super) fn header(dir: &Path) -> Result<Header, ReproError> {
         _ => Device::Cuda,
     };
     Ok(Header {
+        selection: selection(&v, &path)?,
         device,
         precision,
         quick: v.get("quick").and_then(Value::as_bool).unwrap_or(false),

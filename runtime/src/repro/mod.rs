@@ -37,7 +37,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 use thiserror::Error;
 
 use crate::Precision;
@@ -235,6 +235,11 @@ pub fn state_tracking(
         Resolved::Cuda(_) => (Device::Cuda, None),
     };
     let out = claim_out(opts.out.as_deref())?;
+    // A provisional table.json names the whole table at once, so that a
+    // table whose process was killed outright can still be resumed.
+    let path = out.join("table.json");
+    let head = header_json(opts, device, Duration::ZERO, false);
+    std::fs::write(&path, head.to_string()).map_err(io(&path))?;
     let t0 = Instant::now();
     let queue = runner::jobs(
         &opts.tasks,
@@ -431,18 +436,31 @@ fn write_files(
     md.push_str(&report::runs_table(results, opts.quick));
     let path = out.join("table.md");
     std::fs::write(&path, md).map_err(io(&path))?;
-    let mut tj = report::table_json(results, &opts.tasks, &opts.rotations, opts.quick);
-    tj["precision"] = json!(opts.precision.name());
-    tj["device"] = json!(device.name());
-    tj["seeds"] = json!(opts.seeds);
-    tj["quick"] = json!(opts.quick);
-    tj["jobs"] = json!(opts.jobs);
-    tj["wall_s"] = json!(wall.as_secs_f64());
-    tj["overrides"] = json!(opts.overrides);
+    let mut tj = header_json(opts, device, wall, true);
+    tj["cells"] =
+        report::table_json(results, &opts.tasks, &opts.rotations, opts.quick)["cells"].take();
     let path = out.join("table.json");
     let text = serde_json::to_string_pretty(&tj).unwrap_or_else(|_| tj.to_string());
     std::fs::write(&path, text).map_err(io(&path))?;
     report::merge_metrics(results, &out.join("metrics.jsonl"))
+}
+
+/// What `table.json` says of how the table runs: what [`merge`] and
+/// [`resume`] read back. `complete` is false in the provisional file a
+/// table writes before its first run.
+fn header_json(opts: &ReproOptions, device: Device, wall: Duration, complete: bool) -> Value {
+    json!({
+        "precision": opts.precision.name(),
+        "device": device.name(),
+        "tasks": opts.tasks.iter().map(|t| t.name()).collect::<Vec<_>>(),
+        "rotations": opts.rotations.iter().map(|r| r.name()).collect::<Vec<_>>(),
+        "seeds": opts.seeds,
+        "quick": opts.quick,
+        "jobs": opts.jobs,
+        "wall_s": wall.as_secs_f64(),
+        "overrides": opts.overrides,
+        "complete": complete,
+    })
 }
 
 /// Writes `results.jsonl` whole (a run of the table appends to it as each

@@ -10,7 +10,12 @@
 //! is what one uninterrupted command would have written; its wall time is
 //! the sum of the visits.
 //!
-//! What the directory's `table.json` records (precision, device, quick mode,
+//! A table writes a provisional `table.json` naming all its runs before the
+//! first starts, so even one whose process was killed outright (no time to
+//! checkpoint or write its results) resumes: its runs without a results
+//! line start again if their directories are empty, continue if they hold a
+//! checkpoint, and are otherwise left as failed, named, for the user to
+//! move away. What `table.json` records (precision, device, quick mode,
 //! recipe overrides) decides how the runs train; every setting of a
 //! continued run is also compared with the one it saved, so a binary whose
 //! recipe changed since refuses the run (it is reported failed, naming the
@@ -21,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use super::merge::{header, results};
 use super::recipe;
-use super::runner::{self, Outcome, Start};
+use super::runner::{self, Outcome, RunResult, Start};
 use super::{ReproError, ReproOptions, ReproReport, drain, io, report_runs, write_results};
 use crate::train::run::{Resolved, resolve_device};
 use crate::train::{Device, Stop};
@@ -67,22 +72,35 @@ pub fn resume(
     line: &(dyn Fn(&str) + Sync),
 ) -> Result<ReproReport, ReproError> {
     let head = header(dir)?;
-    let saved = results(dir)?;
+    // A table killed outright has no results.jsonl yet, or lines for only
+    // some of its runs; its provisional table.json still names them all.
+    let results_path = dir.join("results.jsonl");
+    let mut saved = if results_path.exists() {
+        results(dir)?
+    } else {
+        Vec::new()
+    };
     let (device, notice) = match resolve_device(head.device, head.precision)? {
         Resolved::Cpu(notice) => (Device::Cpu, notice),
         Resolved::Cuda(_) => (Device::Cuda, None),
     };
-    let tasks: Vec<_> = recipe::TASKS
-        .into_iter()
-        .filter(|&t| saved.iter().any(|r| r.job.task == t))
-        .collect();
-    let rotations: Vec<_> = recipe::ROTATIONS
-        .into_iter()
-        .filter(|&x| saved.iter().any(|r| r.job.rotation == x))
-        .collect();
-    let mut seeds: Vec<u64> = saved.iter().map(|r| r.job.seed).collect();
-    seeds.sort_unstable();
-    seeds.dedup();
+    let (tasks, rotations, seeds) = match &head.selection {
+        Some(sel) => (sel.tasks.clone(), sel.rotations.clone(), sel.seeds.clone()),
+        None => {
+            let tasks: Vec<_> = recipe::TASKS
+                .into_iter()
+                .filter(|&t| saved.iter().any(|r| r.job.task == t))
+                .collect();
+            let rotations: Vec<_> = recipe::ROTATIONS
+                .into_iter()
+                .filter(|&x| saved.iter().any(|r| r.job.rotation == x))
+                .collect();
+            let mut seeds: Vec<u64> = saved.iter().map(|r| r.job.seed).collect();
+            seeds.sort_unstable();
+            seeds.dedup();
+            (tasks, rotations, seeds)
+        }
+    };
     let opts = ReproOptions {
         seeds,
         precision: head.precision,
@@ -96,23 +114,38 @@ pub fn resume(
         overrides: head.overrides,
     };
     // The queue in the order a fresh table would run it, of the runs that
-    // still train.
-    let queue: Vec<_> = runner::jobs(
+    // still train. A run with no line of its own ended with its process.
+    let mut queue = Vec::new();
+    let mut stuck = Vec::new();
+    for job in runner::jobs(
         &opts.tasks,
         &opts.rotations,
         &opts.seeds,
         opts.quick,
         &opts.overrides,
-    )
-    .into_iter()
-    .filter_map(|job| {
-        let r = saved.iter().find(|r| r.job == job)?;
-        match next(&r.outcome, &r.dir) {
-            Next::Train(start) => Some((job, start)),
-            Next::Keep | Next::Stuck => None,
+    ) {
+        if !saved.iter().any(|r| r.job == job) {
+            saved.push(RunResult {
+                job,
+                outcome: Outcome::Failed("its process ended before the run did".into()),
+                dir: dir.join("runs").join(job.name()),
+                steps: 0,
+                total_steps: recipe::recipe_with(job.task, opts.quick, &opts.overrides).steps,
+                wall: Duration::ZERO,
+                eval: Vec::new(),
+                dynamics: None,
+                last_loss: None,
+            });
         }
-    })
-    .collect();
+        let Some(r) = saved.iter().find(|r| r.job == job) else {
+            continue;
+        };
+        match next(&r.outcome, &r.dir) {
+            Next::Train(start) => queue.push((job, start)),
+            Next::Stuck => stuck.push(job.name()),
+            Next::Keep => {}
+        }
+    }
     line(&format!(
         "resuming {}: {} of {} runs to train ({} to continue from a checkpoint)",
         dir.display(),
@@ -120,8 +153,15 @@ pub fn resume(
         saved.len(),
         queue.iter().filter(|(_, s)| *s == Start::Resume).count()
     ));
-    let results_path = dir.join("results.jsonl");
+    if !stuck.is_empty() {
+        line(&format!(
+            "left as they are (no checkpoint, in a directory that is not empty; move it away \
+             to start the run again): {}",
+            stuck.join(", ")
+        ));
+    }
     let results_file = std::fs::OpenOptions::new()
+        .create(true)
         .append(true)
         .open(&results_path)
         .map_err(io(&results_path))?;
