@@ -136,6 +136,17 @@ fn bad_arguments_are_usage_errors() {
         "--d-model: ",
     );
     usage(
+        &[
+            "repro",
+            "state-tracking",
+            "--headdim",
+            "48",
+            "--tasks",
+            "parity",
+        ],
+        "--headdim: ",
+    );
+    usage(
         &["repro", "state-tracking", "--lr", "-1"],
         "invalid value '-1' for '--lr <LR>'",
     );

@@ -187,7 +187,15 @@ fn validate(o: &ReproOptions) -> Result<(), ReproError> {
                 run.model,
                 crate::train::config::vocab_of(&run.data),
             )
-            .map_err(|e| invalid("--d-model", e.to_string()))?;
+            .map_err(|e| {
+                // The width's flag, unless only the head dimension changed.
+                let flag = if o.overrides.d_model.is_none() && o.overrides.headdim.is_some() {
+                    "--headdim"
+                } else {
+                    "--d-model"
+                };
+                invalid(flag, e.to_string())
+            })?;
         }
     }
     Ok(())

@@ -183,6 +183,10 @@ pub struct Overrides {
     pub lr: Option<f64>,
     /// Residual width (heads follow: `2 d_model / headdim`).
     pub d_model: Option<usize>,
+    /// Head dimension (fewer, wider heads make the step cheaper:
+    /// BENCHMARKS.md, "Wider heads"). Absent from tables written before it.
+    #[serde(default)]
+    pub headdim: Option<usize>,
 }
 
 impl Overrides {
@@ -207,6 +211,7 @@ impl Overrides {
             batch: self.batch.unwrap_or(r.batch),
             lr: self.lr.unwrap_or(r.lr),
             d_model: self.d_model.unwrap_or(r.d_model),
+            headdim: self.headdim.unwrap_or(r.headdim),
             ..r
         }
     }
@@ -333,11 +338,12 @@ mod tests {
             batch: Some(256),
             lr: Some(5e-4),
             d_model: Some(64),
+            headdim: Some(32),
         };
         let r = o.apply(base.clone());
         assert_eq!(
-            (r.steps, r.curriculum, r.batch, r.d_model),
-            (100, 7, 256, 64)
+            (r.steps, r.curriculum, r.batch, r.d_model, r.headdim),
+            (100, 7, 256, 64, 32)
         );
         assert_eq!(r.lr, 5e-4);
         assert_eq!(

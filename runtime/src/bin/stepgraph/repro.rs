@@ -89,6 +89,9 @@ struct StArgs {
     /// Residual width instead of the recipe's (heads: 2 d_model / headdim).
     #[arg(long, value_parser = at_least_one)]
     d_model: Option<usize>,
+    /// Head dimension instead of the recipe's (must divide 2 d_model).
+    #[arg(long, value_parser = at_least_one)]
+    headdim: Option<usize>,
     /// Instead of training, merge the output directories of several parts
     /// (comma-separated) into one table in --out.
     #[arg(
@@ -96,7 +99,7 @@ struct StArgs {
         value_delimiter = ',',
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "jobs", "quick", "tasks", "rotations",
-            "time_limit", "steps", "curriculum", "batch", "lr", "d_model",
+            "time_limit", "steps", "curriculum", "batch", "lr", "d_model", "headdim",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -108,7 +111,7 @@ struct StArgs {
         long,
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
-            "steps", "curriculum", "batch", "lr", "d_model", "merge", "out",
+            "steps", "curriculum", "batch", "lr", "d_model", "headdim", "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -158,6 +161,7 @@ fn options(a: &StArgs) -> ReproOptions {
             batch: a.batch,
             lr: a.lr,
             d_model: a.d_model,
+            headdim: a.headdim,
         },
     }
 }
