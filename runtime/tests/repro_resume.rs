@@ -10,7 +10,7 @@ use stepgraph::Precision;
 use stepgraph::repro::recipe::Overrides;
 use stepgraph::repro::resume::{Next, next, resume};
 use stepgraph::repro::runner::{Outcome, RunResult, Start};
-use stepgraph::repro::{ReproOptions, state_tracking};
+use stepgraph::repro::{ReproOptions, ReproReport, state_tracking};
 use stepgraph::train::data::Task;
 use stepgraph::train::{Device, Rotation, Stop};
 
@@ -34,6 +34,14 @@ fn options(out: &Path, time_limit: Option<Duration>) -> ReproOptions {
 
 fn outcome(results: &[RunResult], rotation: Rotation) -> &RunResult {
     results.iter().find(|r| r.job.rotation == rotation).unwrap()
+}
+
+/// Resumes the table in `dir`, keeping the lines it announces.
+fn resume_logged(dir: &Path) -> (ReproReport, Vec<String>) {
+    let lines = std::sync::Mutex::new(Vec::new());
+    let log = |l: &str| lines.lock().unwrap().push(l.to_owned());
+    let report = resume(dir, None, None, &Stop::new(), &log).unwrap();
+    (report, lines.into_inner().unwrap())
 }
 
 #[test]
@@ -60,10 +68,7 @@ fn a_stopped_table_resumed_ends_as_an_uninterrupted_one() {
     );
     assert_eq!(next(&first.outcome, &first.dir), Next::Train(Start::Resume));
 
-    let lines = std::sync::Mutex::new(Vec::new());
-    let log = |l: &str| lines.lock().unwrap().push(l.to_owned());
-    let resumed = resume(&part_dir, None, None, &Stop::new(), &log).unwrap();
-    let lines = lines.into_inner().unwrap();
+    let (resumed, lines) = resume_logged(&part_dir);
     assert!(
         lines[0].contains("2 of 2 runs to train (1 to continue from a checkpoint)"),
         "{lines:?}"
@@ -133,10 +138,7 @@ fn a_table_killed_outright_resumes_from_its_provisional_table_json() {
     std::fs::create_dir_all(&junk).unwrap();
     std::fs::write(junk.join("metrics.jsonl"), "{}\n").unwrap();
 
-    let lines = std::sync::Mutex::new(Vec::new());
-    let log = |l: &str| lines.lock().unwrap().push(l.to_owned());
-    let r = resume(&out, None, None, &Stop::new(), &log).unwrap();
-    let lines = lines.into_inner().unwrap();
+    let (r, lines) = resume_logged(&out);
     assert!(
         lines[0].contains("1 of 2 runs to train (0 to continue"),
         "{lines:?}"

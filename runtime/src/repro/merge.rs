@@ -46,6 +46,26 @@ pub(super) struct Selection {
     pub(super) seeds: Vec<u64>,
 }
 
+impl Selection {
+    /// The columns, rows and seeds `runs` cover, in the table's order.
+    pub(super) fn of(runs: &[RunResult]) -> Self {
+        let mut seeds: Vec<u64> = runs.iter().map(|r| r.job.seed).collect();
+        seeds.sort_unstable();
+        seeds.dedup();
+        Self {
+            tasks: recipe::TASKS
+                .into_iter()
+                .filter(|&t| runs.iter().any(|r| r.job.task == t))
+                .collect(),
+            rotations: recipe::ROTATIONS
+                .into_iter()
+                .filter(|&x| runs.iter().any(|r| r.job.rotation == x))
+                .collect(),
+            seeds,
+        }
+    }
+}
+
 /// The selection `table.json` records, if it records one whole.
 fn selection(v: &Value, path: &Path) -> Result<Option<Selection>, ReproError> {
     let names = |key: &str| -> Option<Vec<&str>> {
@@ -303,17 +323,11 @@ pub fn merge(parts: &[PathBuf], out: Option<&Path>) -> Result<ReproReport, Repro
             add(&mut runs, &mut from, r, part)?;
         }
     }
-    let tasks: Vec<Task> = recipe::TASKS
-        .into_iter()
-        .filter(|&t| runs.iter().any(|r| r.job.task == t))
-        .collect();
-    let rotations: Vec<Rotation> = recipe::ROTATIONS
-        .into_iter()
-        .filter(|&x| runs.iter().any(|r| r.job.rotation == x))
-        .collect();
-    let mut seeds: Vec<u64> = runs.iter().map(|r| r.job.seed).collect();
-    seeds.sort_unstable();
-    seeds.dedup();
+    let Selection {
+        tasks,
+        rotations,
+        seeds,
+    } = Selection::of(&runs);
     let out = claim_out(out)?;
     let opts = ReproOptions {
         seeds,

@@ -236,12 +236,7 @@ pub fn state_tracking(
     line: &(dyn Fn(&str) + Sync),
 ) -> Result<ReproReport, ReproError> {
     validate(opts)?;
-    // Opening the device here compiles the kernels into the disk cache once,
-    // before the workers each open their own context and load them.
-    let (device, notice) = match resolve_device(opts.device, opts.precision)? {
-        Resolved::Cpu(notice) => (Device::Cpu, notice),
-        Resolved::Cuda(_) => (Device::Cuda, None),
-    };
+    let (device, notice) = open_device(opts.device, opts.precision)?;
     let out = claim_out(opts.out.as_deref())?;
     // A provisional table.json names the whole table at once, so that a
     // table whose process was killed outright can still be resumed.
@@ -265,6 +260,19 @@ pub fn state_tracking(
     let mut report = report_runs(opts, out, results, t0.elapsed(), device, "")?;
     report.notice = notice;
     Ok(report)
+}
+
+/// The device the runs train on, and the notice of an `auto` that fell back
+/// to the CPU. Opening it here compiles the kernels into the disk cache
+/// once, before the workers each open their own context and load them.
+fn open_device(
+    device: Device,
+    precision: Precision,
+) -> Result<(Device, Option<String>), ReproError> {
+    Ok(match resolve_device(device, precision)? {
+        Resolved::Cpu(notice) => (Device::Cpu, notice),
+        Resolved::Cuda(_) => (Device::Cuda, None),
+    })
 }
 
 /// Trains `queue` with `opts.jobs` workers into `out/runs`, appending each

@@ -24,12 +24,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::merge::{header, results};
+use super::merge::{Selection, header, results};
 use super::recipe;
 use super::runner::{self, Outcome, RunResult, Start};
-use super::{ReproError, ReproOptions, ReproReport, drain, io, report_runs, write_results};
-use crate::train::run::{Resolved, resolve_device};
-use crate::train::{Device, Stop};
+use super::{
+    ReproError, ReproOptions, ReproReport, drain, io, open_device, report_runs, write_results,
+};
+use crate::train::Stop;
 
 /// How a run of the saved table goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,27 +81,15 @@ pub fn resume(
     } else {
         Vec::new()
     };
-    let (device, notice) = match resolve_device(head.device, head.precision)? {
-        Resolved::Cpu(notice) => (Device::Cpu, notice),
-        Resolved::Cuda(_) => (Device::Cuda, None),
-    };
-    let (tasks, rotations, seeds) = match &head.selection {
-        Some(sel) => (sel.tasks.clone(), sel.rotations.clone(), sel.seeds.clone()),
-        None => {
-            let tasks: Vec<_> = recipe::TASKS
-                .into_iter()
-                .filter(|&t| saved.iter().any(|r| r.job.task == t))
-                .collect();
-            let rotations: Vec<_> = recipe::ROTATIONS
-                .into_iter()
-                .filter(|&x| saved.iter().any(|r| r.job.rotation == x))
-                .collect();
-            let mut seeds: Vec<u64> = saved.iter().map(|r| r.job.seed).collect();
-            seeds.sort_unstable();
-            seeds.dedup();
-            (tasks, rotations, seeds)
-        }
-    };
+    let (device, notice) = open_device(head.device, head.precision)?;
+    let Selection {
+        tasks,
+        rotations,
+        seeds,
+    } = head
+        .selection
+        .clone()
+        .unwrap_or_else(|| Selection::of(&saved));
     let opts = ReproOptions {
         seeds,
         precision: head.precision,
