@@ -169,6 +169,14 @@ fn problem_7_sizes_and_values_are_checked_up_front() {
         &["error: --min-lr: 0.01 is above --lr 0.001"],
     );
     usage(
+        &["train", "--curriculum-gate", "0.5"],
+        &["error: --curriculum-gate: gates a curriculum: give --curriculum N"],
+    );
+    usage(
+        &["train", "--curriculum-gate=-1"],
+        &["invalid value '-1' for '--curriculum-gate <CURRICULUM_GATE>': must be >= 0"],
+    );
+    usage(
         &["train", "--keep", "0"],
         &["invalid value '0' for '--keep <KEEP>': must be at least 1"],
     );

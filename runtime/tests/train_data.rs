@@ -105,6 +105,7 @@ fn task_spec(task: Task, train_len: usize, eval_lens: Vec<usize>) -> DataSpec {
         train_len,
         eval_lens,
         curriculum: 0,
+        curriculum_gate: 0.0,
     }
 }
 

@@ -23,6 +23,7 @@ fn run_config(steps: u64) -> RunConfig {
             train_len: 6,
             eval_lens: vec![6, 12],
             curriculum: 0,
+            curriculum_gate: 0.0,
         },
         model: ModelSize {
             d_model: 8,
@@ -101,21 +102,26 @@ fn records(run: &Path) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn resume_continues_bit_identically() {
+/// Trains `cfg(n)` whole, and again stopped after `stop_at` steps and
+/// resumed from the place alone; asserts the checkpoints, train states and
+/// every metrics record agree, and returns the final train state.
+fn assert_resume_identical(cfg: fn(u64) -> RunConfig, n: u64, stop_at: u64) -> TrainState {
     let dir = tempfile::tempdir().unwrap();
     let (whole, split) = (dir.path().join("whole"), dir.path().join("split"));
     let stop = Stop::new();
-    let n = 8;
-    let a = train(&options(&whole, n), &stop).unwrap();
+    let with = |run_dir: &Path| TrainOptions {
+        run: cfg(n),
+        ..options(run_dir, n)
+    };
+    let a = train(&with(&whole), &stop).unwrap();
     assert_eq!((a.step, a.status), (n, RunStatus::Finished));
 
     let first = TrainOptions {
-        stop_after: Some(n / 2),
-        ..options(&split, n)
+        stop_after: Some(stop_at),
+        ..with(&split)
     };
     let b = train(&first, &stop).unwrap();
-    assert_eq!((b.step, b.status), (n / 2, RunStatus::Stopped));
+    assert_eq!((b.step, b.status), (stop_at, RunStatus::Stopped));
     // Nothing but the place: the run's settings come from its checkpoint.
     let c = train(&resume(&split, run_config(1), Vec::new()), &stop).unwrap();
     assert_eq!(
@@ -145,6 +151,46 @@ fn resume_continues_bit_identically() {
         "every step's loss, lr and grad norm, and every evaluation, agree"
     );
     assert!(split.join("plot.svg").is_file());
+    sa
+}
+
+#[test]
+fn resume_continues_bit_identically() {
+    let state = assert_resume_identical(run_config, 8, 4);
+    assert_eq!(state.data_clock, None, "an ungated run saves no clock");
+}
+
+/// A curriculum over 12 steps gated at a loss the run's smoothed loss
+/// crosses after a few steps (its answer loss starts at ~2.10 and falls),
+/// so its clock falls behind the batches drawn.
+fn gated_config(steps: u64) -> RunConfig {
+    let mut cfg = run_config(steps);
+    cfg.data = DataSpec::Task {
+        task: Task::Parity,
+        train_len: 6,
+        eval_lens: vec![6, 12],
+        curriculum: 12,
+        curriculum_gate: GATE,
+    };
+    cfg
+}
+
+const GATE: f64 = 2.08;
+
+#[test]
+fn a_gated_curriculum_resumes_bit_identically() {
+    // Stopped where the gate's state is mid-flight (its smoothed loss and
+    // the saved step's loss both matter to the next batches).
+    for stop_at in [3, 7] {
+        let state = assert_resume_identical(gated_config, 14, stop_at);
+        let clock = state.data_clock.expect("a gated run saves its clock");
+        assert!(
+            clock > 0 && clock < state.data_batches,
+            "the gate was open on some batches and shut on others: clock {clock} of {} batches",
+            state.data_batches
+        );
+        assert!(state.data_last_loss.is_some() && state.data_smoothed_loss.is_some());
+    }
 }
 
 #[test]
@@ -177,6 +223,7 @@ fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
         train_len: 7,
         eval_lens: vec![6, 12],
         curriculum: 0,
+        curriculum_gate: 0.0,
     };
     refused(typed, Setting::TrainLen);
     let mut typed = run_config(4);
@@ -216,6 +263,9 @@ fn state(cfg: &Mamba3Config, step: u64) -> (EngineState, TrainState) {
         data_batches: step,
         data_word_pos: (u128::from(u64::MAX) + 7).to_string(),
         files: Default::default(),
+        data_clock: None,
+        data_smoothed_loss: None,
+        data_last_loss: None,
     };
     (engine, train)
 }

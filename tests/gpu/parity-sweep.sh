@@ -18,6 +18,12 @@
 # share the GPU instead of time-slicing it. Every 15 s, and at the end,
 # $OUT/evals.jsonl gets every job's eval lines tagged with its name: what a
 # call that is cut short still brings back.
+#
+# RESUME=DIR continues a sweep an earlier call stopped: a job whose run
+# directory DIR/NAME holds a checkpoint continues from it with
+# `train --resume` (its flags come from the checkpoint; the line's flags are
+# not read), the others start. Pack $OUT/sweep into the call's files, unpack
+# it here into .gpu/sweep, carry .gpu, and pass RESUME=.gpu/sweep.
 set -uo pipefail
 sweep=$1
 bin=${2:-.gpu/bin/stepgraph}
@@ -37,7 +43,7 @@ collect() {
   for log in "$out"/*/metrics.jsonl; do
     [ -e "$log" ] || continue
     name=$(basename "$(dirname "$log")")
-    grep -h '"eval"' "$log" | sed "s|^{|{\"job\":\"$name\",|"
+    grep -hE '"kind":"(eval|curriculum)"' "$log" | sed "s|^{|{\"job\":\"$name\",|"
   done > "$top/evals.jsonl.tmp" && mv "$top/evals.jsonl.tmp" "$top/evals.jsonl"
 }
 names=()
@@ -47,9 +53,17 @@ while IFS= read -r line; do
   name=${line%%:*}
   args=${line#*:}
   names+=("$name")
-  # shellcheck disable=SC2086 # the flags are meant to split
+  from=${RESUME:+$RESUME/$name}
+  if [ -n "$from" ] && [ -d "$from/checkpoints" ]; then
+    cp -r "$from" "$out/$name"
+    cp "$RESUME/$name.log" "$out/$name.log" 2>/dev/null
+    run=(train --progress plain --resume "$out/$name")
+  else
+    # shellcheck disable=SC2206 # the flags are meant to split
+    run=(train --progress plain --run-dir "$out/$name" $args)
+  fi
   ( SECONDS=0
-    "${limit[@]}" "$bin" train --progress plain --run-dir "$out/$name" $args > "$out/$name.log" 2>&1
+    "${limit[@]}" "$bin" "${run[@]}" >> "$out/$name.log" 2>&1
     echo "exit $? after ${SECONDS} s" >> "$out/$name.log" ) &
   pids+=($!)
 done < "$sweep"

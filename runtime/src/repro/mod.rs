@@ -170,6 +170,15 @@ fn validate(o: &ReproOptions) -> Result<(), ReproError> {
     }
     for &t in &o.tasks {
         let r = recipe::recipe_with(t, o.quick, &o.overrides);
+        if r.curriculum_gate > 0.0 && r.curriculum == 0 {
+            return Err(invalid(
+                "--curriculum-gate",
+                format!(
+                    "gates a curriculum, and the {} recipe has none here: give --curriculum N too",
+                    t.name()
+                ),
+            ));
+        }
         if r.curriculum > r.steps {
             return Err(invalid(
                 "--curriculum",
@@ -427,7 +436,7 @@ fn write_files(
         let r = recipe::recipe_with(t, opts.quick, &opts.overrides);
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
-             --eval-lens {},{} --curriculum {} --steps {} --batch {} --lr {} --min-lr {} --warmup {}`, \
+             --eval-lens {},{} --curriculum {}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {}`, \
              d_state {}, softplus A, AdamW beta2 {} (`--beta2`), weight decay 0.1 on the \
              embedding and out_proj only (`--decay outputs`), clip 1\n",
             recipe::column(t),
@@ -439,6 +448,11 @@ fn write_files(
             r.train_len,
             r.eval_len,
             r.curriculum,
+            if r.curriculum_gate > 0.0 {
+                format!(" --curriculum-gate {}", r.curriculum_gate)
+            } else {
+                String::new()
+            },
             r.steps,
             r.batch,
             r.lr,

@@ -75,6 +75,9 @@ pub struct Recipe {
     pub eval_len: usize,
     /// Steps over which the largest training size grows to `train_len`.
     pub curriculum: u64,
+    /// Smoothed training loss below which the curriculum advances (0: it
+    /// advances every step; `stepgraph train --curriculum-gate`).
+    pub curriculum_gate: f64,
     /// Training steps.
     pub steps: u64,
     /// Rows per batch.
@@ -110,6 +113,7 @@ fn arithmetic(task: Task) -> Recipe {
         train_len: 160,
         eval_len: 256,
         curriculum: 4000,
+        curriculum_gate: 0.0,
         steps: 20_000,
         batch: 256,
         lr: 1e-3,
@@ -133,6 +137,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             train_len: 160,
             eval_len: 256,
             curriculum: 5000,
+            curriculum_gate: 0.0,
             steps: 7500,
             batch: 64,
             lr: 1e-3,
@@ -191,6 +196,9 @@ pub struct Overrides {
     /// BENCHMARKS.md, "Wider heads"). Absent from tables written before it.
     #[serde(default)]
     pub headdim: Option<usize>,
+    /// The curriculum's loss gate. Absent from tables written before it.
+    #[serde(default)]
+    pub curriculum_gate: Option<f64>,
 }
 
 impl Overrides {
@@ -216,6 +224,7 @@ impl Overrides {
             lr: self.lr.unwrap_or(r.lr),
             d_model: self.d_model.unwrap_or(r.d_model),
             headdim: self.headdim.unwrap_or(r.headdim),
+            curriculum_gate: self.curriculum_gate.unwrap_or(r.curriculum_gate),
             ..r
         }
     }
@@ -255,6 +264,7 @@ impl Recipe {
                 train_len: self.train_len,
                 eval_lens: vec![self.train_len, self.eval_len],
                 curriculum: self.curriculum,
+                curriculum_gate: self.curriculum_gate,
             },
             model: ModelSize {
                 d_model: self.d_model,
@@ -343,8 +353,10 @@ mod tests {
             lr: Some(5e-4),
             d_model: Some(64),
             headdim: Some(32),
+            curriculum_gate: Some(0.5),
         };
         let r = o.apply(base.clone());
+        assert_eq!(r.curriculum_gate, 0.5);
         assert_eq!(
             (r.steps, r.curriculum, r.batch, r.d_model, r.headdim),
             (100, 7, 256, 64, 32)

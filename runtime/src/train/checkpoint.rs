@@ -73,6 +73,19 @@ pub struct TrainState {
     /// xxh3-64 (hex) of each other file of the checkpoint.
     #[serde(default)]
     pub files: BTreeMap<String, String>,
+    /// A gated curriculum's clock (absent: ungated, the clock is
+    /// `data_batches`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_clock: Option<u64>,
+    /// A gated curriculum's smoothed loss at the saved position, and the
+    /// loss of the saved step, which the gate sees after the next batch is
+    /// drawn. Decimal strings: Rust prints the shortest text that parses
+    /// back to the same f64, which a JSON number read as f64 need not be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_smoothed_loss: Option<String>,
+    /// See `data_smoothed_loss`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_last_loss: Option<String>,
 }
 
 impl TrainState {
@@ -88,8 +101,29 @@ impl TrainState {
         Ok(DataPosition {
             batches: self.data_batches,
             word_pos,
+            clock: self.data_clock.unwrap_or(self.data_batches),
+            smoothed_loss: parse_loss(
+                dir,
+                "data_smoothed_loss",
+                self.data_smoothed_loss.as_deref(),
+            )?,
         })
     }
+
+    /// The saved step's training loss, for a gated curriculum.
+    pub fn last_loss(&self, dir: &Path) -> Result<Option<f64>, TrainError> {
+        parse_loss(dir, "data_last_loss", self.data_last_loss.as_deref())
+    }
+}
+
+fn parse_loss(dir: &Path, field: &str, text: Option<&str>) -> Result<Option<f64>, TrainError> {
+    text.map(|t| {
+        t.parse::<f64>().map_err(|_| TrainError::BadCheckpoint {
+            dir: dir.to_path_buf(),
+            reason: format!("{field} `{t}` is not a number"),
+        })
+    })
+    .transpose()
 }
 
 /// Name of the checkpoint directory of step `step`.

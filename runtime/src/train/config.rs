@@ -265,6 +265,7 @@ pub enum Setting {
     TrainLen,
     EvalLens,
     Curriculum,
+    CurriculumGate,
     Data,
     DataFormat,
     VocabSize,
@@ -316,11 +317,12 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 34] = [
+    pub const ALL: [Setting; 35] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
         Self::Curriculum,
+        Self::CurriculumGate,
         Self::Data,
         Self::DataFormat,
         Self::VocabSize,
@@ -360,6 +362,7 @@ impl Setting {
             Self::TrainLen => "--train-len",
             Self::EvalLens => "--eval-lens",
             Self::Curriculum => "--curriculum",
+            Self::CurriculumGate => "--curriculum-gate",
             Self::Data => "--data",
             Self::DataFormat => "--data-format",
             Self::VocabSize => "--vocab-size",
@@ -429,6 +432,12 @@ impl Setting {
             (Self::TrainLen, DataSpec::Task { train_len, .. }) => with(train_len.to_string()),
             (Self::EvalLens, DataSpec::Task { eval_lens, .. }) => with(join(eval_lens)),
             (Self::Curriculum, DataSpec::Task { curriculum, .. }) => with(curriculum.to_string()),
+            (
+                Self::CurriculumGate,
+                DataSpec::Task {
+                    curriculum_gate, ..
+                },
+            ) => with(curriculum_gate.to_string()),
             (Self::Data, DataSpec::File { path, .. }) => with(path.display().to_string()),
             (Self::DataFormat, DataSpec::File { format, .. }) => with(format.name().into()),
             (Self::VocabSize, DataSpec::File { vocab_size, .. }) => {
@@ -439,7 +448,11 @@ impl Setting {
             }
             (Self::SeqLen, DataSpec::File { seq_len, .. }) => with(seq_len.to_string()),
             (
-                Self::Task | Self::TrainLen | Self::EvalLens | Self::Curriculum,
+                Self::Task
+                | Self::TrainLen
+                | Self::EvalLens
+                | Self::Curriculum
+                | Self::CurriculumGate,
                 DataSpec::File { .. },
             )
             | (
@@ -604,8 +617,21 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
             task,
             train_len,
             eval_lens,
-            ..
+            curriculum,
+            curriculum_gate,
         } => {
+            if !(curriculum_gate.is_finite() && *curriculum_gate >= 0.0) {
+                return Err(invalid(
+                    "--curriculum-gate",
+                    format!("must be finite and >= 0 (0: off), got {curriculum_gate}"),
+                ));
+            }
+            if *curriculum_gate > 0.0 && *curriculum == 0 {
+                return Err(invalid(
+                    "--curriculum-gate",
+                    "gates a curriculum: give --curriculum N (the steps it grows over) too",
+                ));
+            }
             for (flag, n) in std::iter::once(("--train-len", *train_len))
                 .chain(eval_lens.iter().map(|&n| ("--eval-lens", n)))
             {
@@ -765,6 +791,7 @@ mod tests {
                 train_len: 6,
                 eval_lens: vec![6, 12],
                 curriculum: 0,
+                curriculum_gate: 0.0,
             },
             model: super::ModelSize {
                 d_model: 8,

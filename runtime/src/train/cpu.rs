@@ -428,6 +428,7 @@ mod tests {
             train_len: 6,
             eval_lens: vec![],
             curriculum: 0,
+            curriculum_gate: 0.0,
         };
         Dataset::new(&spec, 0, rows)
             .unwrap()

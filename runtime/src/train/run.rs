@@ -594,6 +594,7 @@ fn run_in(
     let mut notes: Vec<String> = Vec::new();
     let mut warnings: Vec<String> = Vec::new();
     let mut resume_event = None;
+    let mut resumed_loss = None;
     let at = match &start.resumed {
         Some((found, changes)) => {
             if let Some((field, found_v, expected)) =
@@ -608,6 +609,7 @@ fn run_in(
             }
             engine.import_state(found.state.clone())?;
             data.restore(found.train.data_position(&found.dir)?);
+            resumed_loss = found.train.last_loss(&found.dir)?;
             for (skipped, why) in &found.skipped {
                 warnings.push(format!(
                     "warning: checkpoint {} is unusable ({why}); resuming from {}, the newest intact one",
@@ -659,9 +661,11 @@ fn run_in(
         data.fingerprint().cloned(),
     );
     let ckpt_root = run_dir.join(CHECKPOINTS_DIR);
+    let gated = matches!(run.data, DataSpec::Task { curriculum_gate, .. } if curriculum_gate > 0.0);
     let save = |engine: &mut dyn TrainEngine,
                 step: u64,
-                pos: super::data::DataPosition|
+                pos: super::data::DataPosition,
+                last_loss: f64|
      -> Result<PathBuf, TrainError> {
         let state = engine.export_state()?;
         let tstate = TrainState {
@@ -675,6 +679,9 @@ fn run_in(
             data_batches: pos.batches,
             data_word_pos: pos.word_pos.to_string(),
             files: Default::default(),
+            data_clock: gated.then_some(pos.clock),
+            data_smoothed_loss: pos.smoothed_loss.filter(|_| gated).map(|l| l.to_string()),
+            data_last_loss: gated.then(|| last_loss.to_string()),
         };
         let dir = checkpoint::save(&ckpt_root, &start.cfg, &state, &tstate, run.keep)?;
         stop.checkpointed(&dir);
@@ -696,6 +703,11 @@ fn run_in(
         let t = Instant::now();
         let first_batch = data.next_batch(run.batch)?;
         engine.load_batch(&first_batch)?;
+        // The uninterrupted run showed the gate the saved step's loss only
+        // after drawing this batch; so does the resumed one.
+        if let Some(l) = resumed_loss {
+            data.observe_loss(l);
+        }
         train_time += t.elapsed();
     }
     while step < run.steps {
@@ -709,6 +721,7 @@ fn run_in(
             engine.load_batch(&next)?;
         }
         let m = engine.metrics()?;
+        data.observe_loss(m.loss);
         train_time += t.elapsed();
         step = m.step;
         skipped = m.skipped_total;
@@ -748,7 +761,21 @@ fn run_in(
                 for r in &results {
                     log.eval(step, r)?;
                 }
-                progress.line(&eval_line(step, &results));
+                let mut line = eval_line(step, &results);
+                if gated {
+                    let largest = data.largest_size();
+                    let smoothed = data.position().smoothed_loss;
+                    log.event(&json!({
+                        "kind": "curriculum",
+                        "step": step,
+                        "largest_size": largest,
+                        "smoothed_loss": smoothed,
+                    }))?;
+                    if let Some(n) = largest {
+                        line.push_str(&format!(" | training sizes <= {n}"));
+                    }
+                }
+                progress.line(&line);
                 last_eval = results;
                 if opts.log_dynamics {
                     last_dynamics =
@@ -762,7 +789,7 @@ fn run_in(
             || (run.checkpoint_every > 0 && step.is_multiple_of(run.checkpoint_every))
         {
             log.flush()?;
-            last_ckpt = Some(save(engine.as_mut(), step, pos)?);
+            last_ckpt = Some(save(engine.as_mut(), step, pos, m.loss)?);
         }
         if stopping && !at_end {
             status = RunStatus::Stopped;

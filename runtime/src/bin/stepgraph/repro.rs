@@ -20,7 +20,7 @@ use stepgraph::train::{Device, SignalAction, Stop};
 
 use crate::train::{DeviceArg, RotationArg};
 
-use crate::parse::{at_least_one, at_least_one_u64, positive};
+use crate::parse::{at_least_one, at_least_one_u64, non_negative, positive};
 
 /// Arguments of `stepgraph repro`.
 #[derive(clap::Args)]
@@ -92,6 +92,10 @@ struct StArgs {
     /// Head dimension instead of the recipe's (must divide 2 d_model).
     #[arg(long, value_parser = at_least_one)]
     headdim: Option<usize>,
+    /// The curriculum advances only while the smoothed training loss is
+    /// below this value (`stepgraph train --curriculum-gate`; 0: every step).
+    #[arg(long, value_parser = non_negative, allow_negative_numbers = true)]
+    curriculum_gate: Option<f64>,
     /// Instead of training, merge the output directories of several parts
     /// (comma-separated) into one table in --out.
     #[arg(
@@ -100,6 +104,7 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "jobs", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "d_model", "headdim",
+            "curriculum_gate",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -111,7 +116,8 @@ struct StArgs {
         long,
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
-            "steps", "curriculum", "batch", "lr", "d_model", "headdim", "merge", "out",
+            "steps", "curriculum", "batch", "lr", "d_model", "headdim", "curriculum_gate",
+            "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -162,6 +168,7 @@ fn options(a: &StArgs) -> ReproOptions {
             lr: a.lr,
             d_model: a.d_model,
             headdim: a.headdim,
+            curriculum_gate: a.curriculum_gate,
         },
     }
 }

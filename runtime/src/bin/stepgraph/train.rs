@@ -46,6 +46,12 @@ pub struct Args {
     /// --train-len over this many steps (0: all sizes from the start).
     #[arg(long, default_value_t = 0, conflicts_with = "data")]
     curriculum: u64,
+    /// Advance the curriculum only on steps whose smoothed training loss
+    /// (an average over about 50 steps) is below this value, so the
+    /// largest size waits until the model fits the sizes it has (0: the
+    /// curriculum advances every step).
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true, conflicts_with = "data")]
+    curriculum_gate: f64,
     /// Train on this file instead of a task.
     #[arg(long)]
     data: Option<PathBuf>,
@@ -290,6 +296,7 @@ fn run_config(a: &Args) -> RunConfig {
                 a.eval_lens.clone()
             },
             curriculum: a.curriculum,
+            curriculum_gate: a.curriculum_gate,
         },
     };
     RunConfig {

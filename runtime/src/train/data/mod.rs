@@ -113,6 +113,13 @@ pub enum DataSpec {
         /// carry almost no gradient signal until short ones are solved.
         #[serde(default)]
         curriculum: u64,
+        /// With a curriculum: the smoothed training loss below which the
+        /// curriculum advances (0: it advances every batch). A gated
+        /// curriculum holds the largest size until the model fits the
+        /// sizes it has, so a run that starts learning late is not handed
+        /// long rows it cannot learn from yet.
+        #[serde(default)]
+        curriculum_gate: f64,
     },
     /// A token file.
     File {
@@ -138,8 +145,9 @@ impl DataSpec {
                 train_len,
                 eval_lens,
                 curriculum,
+                curriculum_gate,
             } => format!(
-                "`task {}, train_len {train_len}, eval {}{}`",
+                "`task {}, train_len {train_len}, eval {}{}{}`",
                 task.name(),
                 eval_lens
                     .iter()
@@ -148,6 +156,11 @@ impl DataSpec {
                     .join(","),
                 if *curriculum > 0 {
                     format!(", curriculum {curriculum}")
+                } else {
+                    String::new()
+                },
+                if *curriculum_gate > 0.0 {
+                    format!(", gated below loss {curriculum_gate}")
                 } else {
                     String::new()
                 }
@@ -169,13 +182,22 @@ impl DataSpec {
 }
 
 /// The state of the training stream, saved in checkpoints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct DataPosition {
     /// Training batches drawn so far.
     pub batches: u64,
     /// Word position of the training ChaCha20 stream.
     pub word_pos: u128,
+    /// Batches a gated curriculum has advanced over (equal to `batches`
+    /// without a gate).
+    pub clock: u64,
+    /// The gate's smoothed training loss (`None` before the first step).
+    pub smoothed_loss: Option<f64>,
 }
+
+/// Weight of the newest loss in the gate's exponential average: about the
+/// last 50 steps count, so one lucky batch does not open the gate.
+const GATE_SMOOTHING: f64 = 0.02;
 
 /// A fixed evaluation set: its label, problem size (tasks) and batches.
 #[derive(Debug, Clone)]
@@ -193,6 +215,7 @@ enum Source {
         task: Task,
         train_len: usize,
         curriculum: u64,
+        curriculum_gate: f64,
     },
     File {
         data: FileData,
@@ -205,6 +228,8 @@ pub struct Dataset {
     source: Source,
     rng: ChaCha20Rng,
     batches: u64,
+    clock: u64,
+    smoothed_loss: Option<f64>,
     eval: Vec<EvalSet>,
 }
 
@@ -228,6 +253,7 @@ impl Dataset {
                 train_len,
                 eval_lens,
                 curriculum,
+                curriculum_gate,
             } => {
                 let mut eval_rng = ChaCha20Rng::seed_from_u64(seed);
                 eval_rng.set_stream(EVAL_STREAM);
@@ -239,6 +265,7 @@ impl Dataset {
                     task: *task,
                     train_len: *train_len,
                     curriculum: *curriculum,
+                    curriculum_gate: *curriculum_gate,
                 };
                 (source, eval)
             }
@@ -263,6 +290,8 @@ impl Dataset {
             source,
             rng,
             batches: 0,
+            clock: 0,
+            smoothed_loss: None,
             eval,
         })
     }
@@ -309,12 +338,17 @@ impl Dataset {
                 task,
                 train_len,
                 curriculum,
+                curriculum_gate,
             } => format!(
                 "task {} (vocab {}), train sizes {}..={train_len}{}, eval sizes {}",
                 task.name(),
                 task.vocab_size(),
                 task.min_len(),
-                if *curriculum > 0 {
+                if *curriculum > 0 && *curriculum_gate > 0.0 {
+                    format!(
+                        " (largest size growing over {curriculum} batches whose smoothed loss is below {curriculum_gate})"
+                    )
+                } else if *curriculum > 0 {
                     format!(" (largest size growing over {curriculum} batches)")
                 } else {
                     String::new()
@@ -346,9 +380,15 @@ impl Dataset {
                 task,
                 train_len,
                 curriculum,
+                curriculum_gate,
             } => {
+                let open = *curriculum_gate <= 0.0
+                    || self.smoothed_loss.is_some_and(|l| l < *curriculum_gate);
+                if open {
+                    self.clock += 1;
+                }
                 let width = task.width(*train_len);
-                let hi = curriculum_max(task.min_len(), *train_len, *curriculum, self.batches);
+                let hi = curriculum_max(task.min_len(), *train_len, *curriculum, self.clock);
                 let examples: Vec<Example> = (0..rows)
                     .map(|_| {
                         let n = self.rng.random_range(task.min_len()..=hi);
@@ -366,11 +406,47 @@ impl Dataset {
         &self.eval
     }
 
+    /// Feeds a step's training loss to a gated curriculum (a no-op without
+    /// one). Non-finite losses, from steps the optimizer skipped, are left
+    /// out.
+    pub fn observe_loss(&mut self, loss: f64) {
+        let gated =
+            matches!(self.source, Source::Task { curriculum_gate, .. } if curriculum_gate > 0.0);
+        if !gated || !loss.is_finite() {
+            return;
+        }
+        self.smoothed_loss = Some(match self.smoothed_loss {
+            None => loss,
+            Some(l) => l + GATE_SMOOTHING * (loss - l),
+        });
+    }
+
+    /// The largest training size the latest batch could draw (`None` for
+    /// a file): where a curriculum stands.
+    pub fn largest_size(&self) -> Option<usize> {
+        match &self.source {
+            Source::Task {
+                task,
+                train_len,
+                curriculum,
+                ..
+            } => Some(curriculum_max(
+                task.min_len(),
+                *train_len,
+                *curriculum,
+                self.clock,
+            )),
+            Source::File { .. } => None,
+        }
+    }
+
     /// Where the training stream stands.
     pub fn position(&self) -> DataPosition {
         DataPosition {
             batches: self.batches,
             word_pos: self.rng.get_word_pos(),
+            clock: self.clock,
+            smoothed_loss: self.smoothed_loss,
         }
     }
 
@@ -378,6 +454,8 @@ impl Dataset {
     pub fn restore(&mut self, pos: DataPosition) {
         self.batches = pos.batches;
         self.rng.set_word_pos(pos.word_pos);
+        self.clock = pos.clock;
+        self.smoothed_loss = pos.smoothed_loss;
     }
 }
 
@@ -412,7 +490,75 @@ fn task_eval_set(task: Task, n: usize, batch: usize, rng: &mut ChaCha20Rng) -> E
 
 #[cfg(test)]
 mod curriculum_tests {
-    use super::curriculum_max;
+    use super::{DataSpec, Dataset, Task, curriculum_max};
+
+    fn gated(gate: f64) -> Dataset {
+        let spec = DataSpec::Task {
+            task: Task::ModarithPrec,
+            train_len: 21,
+            eval_lens: vec![21],
+            curriculum: 20,
+            curriculum_gate: gate,
+        };
+        Dataset::new(&spec, 3, 4).unwrap()
+    }
+
+    #[test]
+    fn a_gated_curriculum_waits_for_the_loss() {
+        let mut d = gated(0.5);
+        let min = Task::ModarithPrec.min_len();
+        for _ in 0..5 {
+            d.next_batch(4).unwrap();
+            d.observe_loss(1.6);
+        }
+        assert_eq!(d.largest_size(), Some(min), "held while the loss is high");
+        // The average follows the loss down over tens of steps, not at once.
+        d.observe_loss(0.0);
+        d.next_batch(4).unwrap();
+        assert_eq!(
+            d.largest_size(),
+            Some(min),
+            "one good batch does not open it"
+        );
+        for _ in 0..100 {
+            d.observe_loss(0.1);
+        }
+        for _ in 0..10 {
+            d.next_batch(4).unwrap();
+        }
+        assert_eq!(d.largest_size(), Some(curriculum_max(min, 21, 20, 10)));
+        // Shut again: the size stays where it is, it does not shrink.
+        for _ in 0..200 {
+            d.observe_loss(1.6);
+        }
+        let at = d.largest_size();
+        d.next_batch(4).unwrap();
+        assert_eq!(d.largest_size(), at);
+        // Skipped steps' non-finite losses are left out.
+        let before = d.position().smoothed_loss;
+        d.observe_loss(f64::NAN);
+        assert_eq!(d.position().smoothed_loss, before);
+        // The position carries the gate's state.
+        let pos = d.position();
+        let mut e = gated(0.5);
+        e.restore(pos);
+        assert_eq!(e.position(), pos);
+        assert_eq!(
+            e.next_batch(4).unwrap().tokens,
+            d.next_batch(4).unwrap().tokens
+        );
+    }
+
+    #[test]
+    fn without_a_gate_the_clock_is_the_batch_count() {
+        let mut d = gated(0.0);
+        for _ in 0..7 {
+            d.next_batch(4).unwrap();
+            d.observe_loss(9.0);
+        }
+        let pos = d.position();
+        assert_eq!((pos.clock, pos.batches, pos.smoothed_loss), (7, 7, None));
+    }
 
     #[test]
     fn the_largest_size_grows_linearly_then_stays() {
