@@ -35,14 +35,8 @@
 # For example, the parity column of Mamba-3 in both precisions, about 4 min:
 #   TASKS=parity ROTATIONS=data JOBS=5 LIMIT=150 bash tests/gpu/state-tracking.sh
 set -uo pipefail
-bin=${BIN:-.gpu/bin/stepgraph}
-if [ ! -x "$bin" ]; then
-  echo "no $bin: run 'bash tests/gpu/stage --no-tests' first, or set BIN" >&2
-  exit 2
-fi
-out=${OUT:-$(mktemp -d)}
-root=${WORK:-$(mktemp -d)}
-mkdir -p "$out" "$root"
+. "$(dirname "$0")/common.sh"
+root=$work
 jobs=${JOBS:-16}
 limit=${LIMIT:-190}
 seeds=${SEEDS:-5}

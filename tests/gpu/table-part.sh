@@ -20,14 +20,7 @@
 # carry 64 MiB in all, and a run of the arithmetic recipe packs to about
 # 5 MiB (its checkpoint and metrics), so keep about ten runs in flight.
 set -uo pipefail
-bin=${BIN:-.gpu/bin/stepgraph}
-if [ ! -x "$bin" ]; then
-  echo "no $bin: run 'bash tests/gpu/stage --no-tests' first, or set BIN" >&2
-  exit 2
-fi
-out=${OUT:-$(mktemp -d)}
-work=${WORK:-$(mktemp -d)}
-mkdir -p "$out" "$work"
+. "$(dirname "$0")/common.sh"
 limit=${LIMIT:-540}
 log="$out/progress.log"
 if [ -n "${RESUME:-}" ]; then

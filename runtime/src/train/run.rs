@@ -661,7 +661,7 @@ fn run_in(
         data.fingerprint().cloned(),
     );
     let ckpt_root = run_dir.join(CHECKPOINTS_DIR);
-    let gated = matches!(run.data, DataSpec::Task { curriculum_gate, .. } if curriculum_gate > 0.0);
+    let gated = data.is_gated();
     let save = |engine: &mut dyn TrainEngine,
                 step: u64,
                 pos: super::data::DataPosition,

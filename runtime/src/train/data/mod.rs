@@ -406,13 +406,16 @@ impl Dataset {
         &self.eval
     }
 
+    /// Whether a loss gate paces the curriculum (`--curriculum-gate`).
+    pub fn is_gated(&self) -> bool {
+        matches!(self.source, Source::Task { curriculum_gate, .. } if curriculum_gate > 0.0)
+    }
+
     /// Feeds a step's training loss to a gated curriculum (a no-op without
     /// one). Non-finite losses, from steps the optimizer skipped, are left
     /// out.
     pub fn observe_loss(&mut self, loss: f64) {
-        let gated =
-            matches!(self.source, Source::Task { curriculum_gate, .. } if curriculum_gate > 0.0);
-        if !gated || !loss.is_finite() {
+        if !self.is_gated() || !loss.is_finite() {
             return;
         }
         self.smoothed_loss = Some(match self.smoothed_loss {
