@@ -34,9 +34,10 @@ fn spawn(args: &[&str], cwd: &Path) -> Child {
         .expect("spawn stepgraph")
 }
 
-/// Waits until the child's stderr shows a line starting with `prefix`, then
-/// sends it `signals` (with `gap` between them), and collects its output.
-/// The child is killed if it has not exited after `limit`.
+/// Waits until the child's stderr shows a line starting with `prefix` (and,
+/// when `ready` names a path, until that path exists), then sends it
+/// `signals` (with `gap` between them), and collects its output. The child is
+/// killed if it has not exited after `limit`.
 /// When `interrupt` sends its second and later signals.
 #[derive(Clone, Copy)]
 enum Gap {
@@ -49,6 +50,7 @@ enum Gap {
 fn interrupt(
     mut child: Child,
     prefix: &str,
+    ready: Option<&Path>,
     signals: &[Signal],
     gap: Gap,
     limit: Duration,
@@ -71,6 +73,16 @@ fn interrupt(
             .unwrap_or_else(|_| panic!("no line starting with `{prefix}` in {limit:?}"));
         if line.starts_with(prefix) {
             break;
+        }
+    }
+    if let Some(path) = ready {
+        while !path.exists() {
+            assert!(
+                start.elapsed() < limit,
+                "{} did not appear in {limit:?}",
+                path.display()
+            );
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
     let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"));
@@ -129,6 +141,7 @@ fn stopped_then_resumed(signals: &[Signal]) {
     let (out, stderr) = interrupt(
         child,
         "step 2/",
+        None,
         signals,
         Gap::Now,
         Duration::from_secs(120),
@@ -178,9 +191,7 @@ fn problem_5_a_second_sigint_exits_at_once_saying_what_was_saved() {
     // Steps of ten seconds or more in a debug build, so the second signal
     // (sent once the run has acknowledged the first, plus 0.3 s: past the
     // 0.2 s duplicate window) lands inside step 2 even when a loaded
-    // machine delays the test's reading of the acknowledgement by seconds;
-    // with 256 rows a step, a fresh-clone CI run once saw step 2 finish
-    // first (a clean stop, exit 0).
+    // machine delays the test's reading of the acknowledgement by seconds.
     let args = [
         "--device",
         "cpu",
@@ -205,10 +216,17 @@ fn problem_5_a_second_sigint_exits_at_once_saying_what_was_saved() {
         "--run-dir",
         "r",
     ];
+    // The run prints `step 1/` before it asks whether to stop after step 1:
+    // a first signal sent on that line alone can stop the run at step 1
+    // (exit 0, the flake fresh-clone CI saw). Step 1's checkpoint is renamed
+    // into place after that question was answered, so once it exists the
+    // first signal lands in step 2.
+    let ready = dir.path().join("r/checkpoints/step-00000001");
     let child = spawn(&args, dir.path());
     let (out, stderr) = interrupt(
         child,
         "step 1/",
+        Some(&ready),
         &[Signal::SIGINT, Signal::SIGINT],
         Gap::AfterAck(Duration::from_millis(300)),
         Duration::from_secs(240),
@@ -239,6 +257,7 @@ fn problem_5_a_long_evaluation_stops_between_chunks() {
     let (out, stderr) = interrupt(
         child,
         "step 1/",
+        None,
         &[Signal::SIGINT],
         Gap::Now,
         Duration::from_secs(60),
