@@ -97,12 +97,18 @@ fn configs_parse_by_name_and_by_shape() {
     assert_eq!(names, ["S", "M", "L"]);
     let c = BenchConfig::parse("512/8/64/64/8/2048").expect("custom");
     assert_eq!((c.d_model, c.tokens()), (512, 16384));
+    assert_eq!(c.model(256).chunk_size, 64, "the official default chunk");
+    let c = BenchConfig::parse("128/3/64/16/256/160/32").expect("with a chunk");
+    assert_eq!((c.headdim, c.seq_len, c.chunk_size), (16, 160, 32));
+    assert_eq!(c.model(16).chunk_size, 32);
     for bad in [
         "XL",
         "1/2/3",
         "256/4/64/64/0/256",
         "256/4/63/64/16/256",
         "a/b/c/d/e/f",
+        "256/4/64/64/16/256/0",
+        "256/4/64/64/16/256/32/1",
     ] {
         let e = BenchConfig::parse(bad).expect_err(bad).to_string();
         assert!(e.starts_with(&format!("config `{bad}`")), "{e}");

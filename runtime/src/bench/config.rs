@@ -1,6 +1,8 @@
 //! The benchmark configurations: the named presets of issue 8 (S, M, L) and
-//! the `d_model/n_layer/d_state/headdim/batch/seq_len` form for any other
-//! size, each turned into a [`Mamba3Config`] plus a window shape.
+//! the `d_model/n_layer/d_state/headdim/batch/seq_len[/chunk]` form for any
+//! other size, each turned into a [`Mamba3Config`] plus a window shape. The
+//! optional seventh number is the scan's chunk length: the same math at any
+//! chunk, a different schedule, so it is a speed setting worth timing.
 
 use crate::mamba3::Mamba3Config;
 
@@ -27,6 +29,9 @@ pub struct BenchConfig {
     pub batch: usize,
     /// Tokens per sequence.
     pub seq_len: usize,
+    /// Chunk length of the chunked scan (the official default, 64, unless
+    /// the spec's seventh number says otherwise).
+    pub chunk_size: usize,
 }
 
 /// The presets, in the issue's order: `(name, d_model, n_layer, d_state,
@@ -48,10 +53,12 @@ impl BenchConfig {
             headdim,
             batch,
             seq_len,
+            chunk_size: Mamba3Config::default().chunk_size,
         }
     }
 
-    /// A preset by name (case-insensitive), or six numbers separated by `/`.
+    /// A preset by name (case-insensitive), or six numbers separated by `/`
+    /// with an optional seventh, the chunk length.
     pub fn parse(text: &str) -> Result<Self, BenchError> {
         let t = text.trim();
         if let Some((name, n)) = PRESETS.iter().find(|(p, _)| p.eq_ignore_ascii_case(t)) {
@@ -62,12 +69,12 @@ impl BenchConfig {
             reason: reason.to_owned(),
         };
         let parts: Vec<&str> = t.split('/').collect();
-        if parts.len() != 6 {
+        if !(6..=7).contains(&parts.len()) {
             return Err(bad(
-                "expected S, M, L or d_model/n_layer/d_state/headdim/batch/seq_len",
+                "expected S, M, L or d_model/n_layer/d_state/headdim/batch/seq_len[/chunk]",
             ));
         }
-        let mut n = [0usize; 6];
+        let mut n = [0usize; 7];
         for (slot, p) in n.iter_mut().zip(&parts) {
             *slot = p
                 .trim()
@@ -77,7 +84,14 @@ impl BenchConfig {
                 return Err(bad("every field must be a positive integer"));
             }
         }
-        let cfg = Self::from_numbers(t.to_owned(), n);
+        let [d_model, n_layer, d_state, headdim, batch, seq_len, chunk] = n;
+        let mut cfg = Self::from_numbers(
+            t.to_owned(),
+            [d_model, n_layer, d_state, headdim, batch, seq_len],
+        );
+        if parts.len() == 7 {
+            cfg.chunk_size = chunk;
+        }
         cfg.model(DEFAULT_VOCAB)
             .validate()
             .map_err(|e| BenchError::Config {
@@ -96,7 +110,7 @@ impl BenchConfig {
     }
 
     /// The model: the official Mamba-3 defaults (expand 2, one B/C group,
-    /// half rope, chunk 64, tied embedding) with this shape and `vocab`.
+    /// half rope, tied embedding) with this shape, chunk and `vocab`.
     pub fn model(&self, vocab: usize) -> Mamba3Config {
         Mamba3Config {
             d_model: self.d_model,
@@ -104,6 +118,7 @@ impl BenchConfig {
             vocab_size: vocab,
             d_state: self.d_state,
             headdim: self.headdim,
+            chunk_size: self.chunk_size,
             ..Mamba3Config::default()
         }
     }

@@ -13,7 +13,7 @@ use stepgraph::bench::{self, BenchConfig, BenchError, BenchOptions};
 /// Arguments of `stepgraph bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Configurations, comma-separated: S, M, L, or d_model/n_layer/d_state/headdim/batch/seq_len.
+    /// Configurations, comma-separated: S, M, L, or d_model/n_layer/d_state/headdim/batch/seq_len[/chunk].
     #[arg(long, default_value = "S,M,L")]
     config: String,
     /// Step precision: f32, or bf16 mixed precision (f32 masters, bf16 GEMMs).
