@@ -87,6 +87,20 @@ fn the_quick_table_runs_end_to_end_on_the_cpu() {
         md.contains("## Runs") && md.contains("parity-none-s0"),
         "{md}"
     );
+    // The runs table ends with each layer's mean dt, one per layer of the
+    // three-layer arithmetic model, each a positive number.
+    let line = md
+        .lines()
+        .find(|l| l.starts_with("| modarith-prec-data-s0 |"))
+        .unwrap_or_else(|| panic!("no arithmetic run line in\n{md}"));
+    let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+    assert_eq!(cells.len(), 12, "{line}");
+    let dts: Vec<f64> = cells[11]
+        .split(" / ")
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("dt `{v}` in {line}")))
+        .collect();
+    assert_eq!(dts.len(), 3, "{line}");
+    assert!(dts.iter().all(|&d| d > 0.0 && d.is_finite()), "{line}");
 }
 
 fn usage(args: &[&str], needle: &str) {

@@ -101,13 +101,14 @@ fn per_layer(
 }
 
 /// One markdown line per run: outcome, scaled accuracy at the training and
-/// the reported length, the training-length loss, and the dynamics.
+/// the reported length, the training-length loss, and the dynamics
+/// (retention, angle lattice error, largest angle step, mean `dt`).
 pub fn runs_table(results: &[RunResult], quick: bool) -> String {
     let mut out = String::from(
         "| run | outcome | steps | wall s | scaled acc @train | scaled acc @report | \
          loss @train | last train loss | retention (best head, per layer) | \
-         lattice error rad (per layer) | max angle step /pi |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+         lattice error rad (per layer) | max angle step /pi | mean dt (per layer) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         let rc = recipe(r.job.task, quick);
@@ -125,7 +126,7 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {outcome} | {}/{} | {:.1} | {} | {} | {loss_train} | {} | {} | {} | {} |",
+            "| {} | {outcome} | {}/{} | {:.1} | {} | {} | {loss_train} | {} | {} | {} | {} | {} |",
             r.job.name(),
             r.steps,
             r.total_steps,
@@ -145,6 +146,9 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
                 s
             }),
             per_layer(r, |l| format!("{:.2}", l.angle_max)),
+            // A middle layer whose dt has sunk to ~0.01-0.02 marked every
+            // arithmetic run that had not learned by step 6000 (README).
+            per_layer(r, |l| format!("{:.3}", l.dt_mean)),
         );
     }
     out
