@@ -210,9 +210,77 @@ fn a_flag_that_would_change_a_resumed_run_is_a_usage_error() {
 }
 
 #[test]
+fn a_resumed_run_keeps_its_chunk_size() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        tiny(&["--run-dir", "r", "--steps", "2"], dir.path())
+            .status
+            .success()
+    );
+    let out = tiny(&["--resume", "r", "--chunk-size", "8"], dir.path());
+    usage_error(
+        &out,
+        "--chunk-size: the run being resumed has `--chunk-size 64`, this command says \
+         `--chunk-size 8`",
+    );
+}
+
+/// The training losses a run logged, in step order.
+fn losses(run: &Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+        .filter(|v| v["kind"] == "train")
+        .map(|v| v["loss"].as_f64().expect("a loss"))
+        .collect()
+}
+
+#[test]
+fn the_chunk_size_changes_the_schedule_not_the_math() {
+    // Rows of 16 tokens: chunks of 3 split every row unevenly, 64 keeps it
+    // whole; the chunked recurrence is exact, so only f32 rounding differs.
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, chunk: &str| {
+        let out = tiny(
+            &[
+                "--device",
+                "cpu",
+                "--train-len",
+                "16",
+                "--run-dir",
+                name,
+                "--chunk-size",
+                chunk,
+            ],
+            dir.path(),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        losses(&dir.path().join(name))
+    };
+    let (short, whole) = (run("c3", "3"), run("c64", "64"));
+    assert_eq!(short.len(), 6);
+    assert_eq!(short.len(), whole.len());
+    for (a, b) in short.iter().zip(&whole) {
+        assert!((a - b).abs() <= 1e-4 * b.abs(), "{short:?} vs {whole:?}");
+    }
+    // The model's config.json (the official field) records the chunk.
+    let config = dir.path().join("c3/checkpoints/step-00000006/config.json");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).expect("config.json"))
+            .expect("config.json parses");
+    assert_eq!(config["ssm_cfg"]["chunk_size"], 3, "{config}");
+}
+
+#[test]
 fn usage_errors_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     usage_error(&tiny(&["--batch", "0"], dir.path()), "--batch");
+    usage_error(&tiny(&["--chunk-size", "0"], dir.path()), "--chunk-size");
     usage_error(&tiny(&["--task", "sorting"], dir.path()), "sorting");
     let mqar = ["--task", "mqar", "--eval-lens", "99"];
     usage_error(

@@ -35,6 +35,7 @@ fn run_config(steps: u64) -> RunConfig {
             rotation: Rotation::Data,
             a_activation: AActivation::HeavyTail,
             outproj_norm: false,
+            chunk_size: 64,
         },
         device: Device::Cpu,
         precision: Precision::F32,

@@ -438,7 +438,8 @@ fn write_files(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
              --eval-lens {},{} --curriculum {}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {}`, \
              d_state {}, softplus A, AdamW beta2 {} (`--beta2`), weight decay 0.1 on the \
-             embedding and out_proj only (`--decay outputs`), clip 1\n",
+             embedding and out_proj only (`--decay outputs`), clip 1, scan chunk {} \
+             (`--chunk-size`)\n",
             recipe::column(t),
             t.name(),
             r.n_layer,
@@ -460,6 +461,7 @@ fn write_files(
             r.warmup,
             recipe::d_state(opts.quick),
             recipe::BETA2,
+            recipe::chunk_size(opts.precision),
         ));
     }
     md.push_str("\n## Runs\n\n");

@@ -187,6 +187,18 @@ pub struct ModelSize {
     /// generalization in hybrids). Absent from runs saved before it existed.
     #[serde(default)]
     pub outproj_norm: bool,
+    /// Chunk length of the scan (`--chunk-size`): the same math at any
+    /// chunk, a different schedule and summation order. Runs saved before
+    /// it was a setting trained with the official 64.
+    #[serde(default = "default_chunk_size")]
+    pub chunk_size: usize,
+}
+
+/// The official Mamba-3 chunk length, the `--chunk-size` default.
+pub const DEFAULT_CHUNK_SIZE: usize = 64;
+
+fn default_chunk_size() -> usize {
+    DEFAULT_CHUNK_SIZE
 }
 
 /// `AActivation` as its `config.json` name (`heavy_tail`, `softplus`).
@@ -280,6 +292,7 @@ pub enum Setting {
     Rotation,
     AActivation,
     OutprojNorm,
+    ChunkSize,
     Device,
     Precision,
     Batch,
@@ -317,7 +330,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 35] = [
+    pub const ALL: [Setting; 36] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -337,6 +350,7 @@ impl Setting {
         Self::Rotation,
         Self::AActivation,
         Self::OutprojNorm,
+        Self::ChunkSize,
         Self::Device,
         Self::Precision,
         Self::Batch,
@@ -377,6 +391,7 @@ impl Setting {
             Self::Rotation => "--rotation",
             Self::AActivation => "--a-activation",
             Self::OutprojNorm => "--outproj-norm",
+            Self::ChunkSize => "--chunk-size",
             Self::Device => "--device",
             Self::Precision => "--precision",
             Self::Batch => "--batch",
@@ -474,6 +489,7 @@ impl Setting {
                 .into(),
             ),
             (Self::OutprojNorm, _) => switch(m.outproj_norm),
+            (Self::ChunkSize, _) => with(m.chunk_size.to_string()),
             (Self::Device, _) => with(cfg.device.name().into()),
             (Self::Precision, _) => with(cfg.precision.name().into()),
             (Self::Batch, _) => with(cfg.batch.to_string()),
@@ -710,6 +726,7 @@ pub fn model_config(size: ModelSize, vocab: usize) -> Result<Mamba3Config, Train
         a_activation: size.a_activation,
         rope_angles: size.rotation.angles(),
         is_outproj_norm: size.outproj_norm,
+        chunk_size: size.chunk_size,
         ..Mamba3Config::default()
     };
     cfg.validate().map_err(|e| flag_error(&size, e))?;
@@ -728,6 +745,7 @@ fn flag_error(size: &ModelSize, e: ConfigError) -> TrainError {
         "ssm_cfg.d_state" => "--d-state",
         "ssm_cfg.expand" => "--expand",
         "ssm_cfg.headdim" => "--headdim",
+        "ssm_cfg.chunk_size" => "--chunk-size",
         _ => return TrainError::Config(e),
     };
     let reason = match flag {
@@ -771,6 +789,15 @@ mod tests {
     }
 
     #[test]
+    fn a_model_saved_before_chunk_size_was_a_setting_reads_as_64() {
+        let saved = r#"{"d_model":8,"n_layer":1,"d_state":8,"headdim":4,"expand":2,
+            "full_rope":false,"rotation":"data","a_activation":"softplus"}"#;
+        let size: super::ModelSize = serde_json::from_str(saved).unwrap();
+        assert_eq!(size.chunk_size, super::DEFAULT_CHUNK_SIZE);
+        assert_eq!(super::DEFAULT_CHUNK_SIZE, 64, "the official default");
+    }
+
+    #[test]
     fn rotation_reads_runs_saved_before_it_and_round_trips() {
         let read = |s: &str| serde_json::from_str::<Rotation>(s).unwrap();
         assert_eq!(read("true"), Rotation::Data, "a run saved with rotation on");
@@ -803,6 +830,7 @@ mod tests {
                 rotation: Rotation::Data,
                 a_activation: crate::mamba3::AActivation::Softplus,
                 outproj_norm: false,
+                chunk_size: super::DEFAULT_CHUNK_SIZE,
             },
             device: super::Device::Cpu,
             precision: crate::Precision::F32,

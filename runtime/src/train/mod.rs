@@ -29,7 +29,9 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-pub use config::{DEFAULT_BETA2, Decay, Device, ModelSize, Rotation, RunConfig, Setting};
+pub use config::{
+    DEFAULT_BETA2, DEFAULT_CHUNK_SIZE, Decay, Device, ModelSize, Rotation, RunConfig, Setting,
+};
 pub use cpu::CpuEngine;
 pub use engine::{
     EngineError, EngineInfo, EngineState, EvalOutput, Frozen, OptimSettings, StepMetrics,

@@ -22,8 +22,8 @@ use stepgraph::train::data::{DataFormat, DataSpec, Task};
 use stepgraph::train::report::{ProgressMode, clock, human};
 use stepgraph::train::run::LossWindow;
 use stepgraph::train::{
-    DEFAULT_BETA2, Decay, Device, ModelSize, Resume, Rotation, RunConfig, RunStatus, RunSummary,
-    Setting, SignalAction, Stop, TrainOptions, train,
+    DEFAULT_BETA2, DEFAULT_CHUNK_SIZE, Decay, Device, ModelSize, Resume, Rotation, RunConfig,
+    RunStatus, RunSummary, Setting, SignalAction, Stop, TrainOptions, train,
 };
 
 use crate::parse::{at_least_one, at_least_one_u64, non_negative, open_fraction, positive};
@@ -97,6 +97,11 @@ pub struct Args {
     /// official is_outproj_norm.
     #[arg(long)]
     outproj_norm: bool,
+    /// Chunk length of the scan: the same math at any chunk, a different
+    /// schedule (the GPU's bf16 scan takes 16, 32, 48 or 64; BENCHMARKS.md
+    /// has the timings).
+    #[arg(long, default_value_t = DEFAULT_CHUNK_SIZE, value_parser = at_least_one)]
+    chunk_size: usize,
     /// Decay map f of A = -max(f(dd_A), A_floor): the official heavy-tail, or the paper's softplus.
     #[arg(long, value_enum, default_value_t = AActArg::HeavyTail)]
     a_activation: AActArg,
@@ -318,6 +323,7 @@ fn run_config(a: &Args) -> RunConfig {
                 AActArg::Softplus => AActivation::Softplus,
             },
             outproj_norm: a.outproj_norm,
+            chunk_size: a.chunk_size,
         },
         device: a.device.into(),
         precision: a.precision,
