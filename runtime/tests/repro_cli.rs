@@ -94,13 +94,20 @@ fn the_quick_table_runs_end_to_end_on_the_cpu() {
         .find(|l| l.starts_with("| modarith-prec-data-s0 |"))
         .unwrap_or_else(|| panic!("no arithmetic run line in\n{md}"));
     let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
-    assert_eq!(cells.len(), 12, "{line}");
+    assert_eq!(cells.len(), 14, "{line}");
     let dts: Vec<f64> = cells[11]
         .split(" / ")
         .map(|v| v.parse().unwrap_or_else(|_| panic!("dt `{v}` in {line}")))
         .collect();
     assert_eq!(dts.len(), 3, "{line}");
     assert!(dts.iter().all(|&d| d > 0.0 && d.is_finite()), "{line}");
+    // Then when it cleared chance at its training size (a step, or never)
+    // and how often it fell back.
+    assert!(
+        cells[12] == "never" || cells[12].parse::<u64>().is_ok(),
+        "{line}"
+    );
+    assert!(cells[13].parse::<usize>().is_ok(), "{line}");
 }
 
 fn usage(args: &[&str], needle: &str) {

@@ -24,6 +24,7 @@
 //! tasks, rotations and seeds); [`merge`] joins parts into one table, and
 //! [`resume`] continues a part whose runs a time limit stopped.
 
+pub mod curve;
 pub mod merge;
 pub mod recipe;
 pub mod report;

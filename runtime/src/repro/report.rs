@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use super::ReproError;
 use super::recipe::{column, paper, recipe, row};
 use super::runner::{Outcome, RunResult};
+use super::{ReproError, curve};
 use crate::train::Rotation;
 use crate::train::data::Task;
 use crate::train::plot::{Line, eval_accuracy, write_lines_plot};
@@ -100,15 +100,34 @@ fn per_layer(
     )
 }
 
+/// When the run first cleared chance at its training size and how often it
+/// fell back ([`curve::started_and_relapses`]), read from its own metrics,
+/// as table cells; `-` where it has no evaluation there.
+fn learning(r: &RunResult, train_len: usize) -> (String, String) {
+    let Ok(series) = eval_accuracy(&r.dir) else {
+        return ("-".into(), "-".into());
+    };
+    let Some(points) = series.get(&format!("len {train_len}")) else {
+        return ("-".into(), "-".into());
+    };
+    let (started, relapses) = curve::started_and_relapses(points, r.job.task);
+    (
+        started.map_or_else(|| "never".into(), |s| format!("{s:.0}")),
+        relapses.to_string(),
+    )
+}
+
 /// One markdown line per run: outcome, scaled accuracy at the training and
-/// the reported length, the training-length loss, and the dynamics
-/// (retention, angle lattice error, largest angle step, mean `dt`).
+/// the reported length, the training-length loss, the dynamics (retention,
+/// angle lattice error, largest angle step, mean `dt`), and when the run
+/// started and how often it relapsed.
 pub fn runs_table(results: &[RunResult], quick: bool) -> String {
     let mut out = String::from(
         "| run | outcome | steps | wall s | scaled acc @train | scaled acc @report | \
          loss @train | last train loss | retention (best head, per layer) | \
-         lattice error rad (per layer) | max angle step /pi | mean dt (per layer) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         lattice error rad (per layer) | max angle step /pi | mean dt (per layer) | \
+         started @step | relapses |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         let rc = recipe(r.job.task, quick);
@@ -118,6 +137,7 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
             .iter()
             .find(|e| e.length == Some(rc.train_len))
             .map_or_else(|| "-".into(), |e| format!("{:.4}", e.loss));
+        let (started, relapses) = learning(r, rc.train_len);
         let outcome = match &r.outcome {
             Outcome::Finished => "finished".to_owned(),
             Outcome::Stopped => "stopped".to_owned(),
@@ -126,7 +146,8 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {outcome} | {}/{} | {:.1} | {} | {} | {loss_train} | {} | {} | {} | {} | {} |",
+            "| {} | {outcome} | {}/{} | {:.1} | {} | {} | {loss_train} | {} | {} | {} | {} | {} | \
+             {started} | {relapses} |",
             r.job.name(),
             r.steps,
             r.total_steps,
