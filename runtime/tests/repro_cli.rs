@@ -87,7 +87,7 @@ fn the_quick_table_runs_end_to_end_on_the_cpu() {
         md.contains("## Runs") && md.contains("parity-none-s0"),
         "{md}"
     );
-    // The runs table ends with each layer's mean dt, one per layer of the
+    // The runs table gives each layer's mean dt, one per layer of the
     // three-layer arithmetic model, each a positive number.
     let line = md
         .lines()

@@ -53,7 +53,7 @@ impl BenchConfig {
             headdim,
             batch,
             seq_len,
-            chunk_size: Mamba3Config::default().chunk_size,
+            chunk_size: crate::mamba3::DEFAULT_CHUNK_SIZE,
         }
     }
 

@@ -209,6 +209,10 @@ pub struct Mamba3Config {
     pub fused_add_norm: bool,
 }
 
+/// The official scan chunk length (`ssm_cfg.chunk_size`), the default of
+/// [`Mamba3Config`], `train --chunk-size` and `bench`.
+pub const DEFAULT_CHUNK_SIZE: usize = 64;
+
 impl Default for Mamba3Config {
     /// The official defaults (`MambaConfig` + `Mamba3.__init__`), with the
     /// official `MambaConfig` model size.
@@ -231,7 +235,7 @@ impl Default for Mamba3Config {
             a_activation: AActivation::HeavyTail,
             rope_angles: RopeAngles::Data,
             is_outproj_norm: false,
-            chunk_size: 64,
+            chunk_size: DEFAULT_CHUNK_SIZE,
             norm_eps: 1e-5,
             residual_in_fp32: true,
             fused_add_norm: true,

@@ -16,5 +16,6 @@ pub mod gpu;
 mod hf_config;
 
 pub use config::{
-    AActivation, ConfigError, InProjLayout, Mamba3Config, ROPE_BASE, RopeAngles, RopeFraction,
+    AActivation, ConfigError, DEFAULT_CHUNK_SIZE, InProjLayout, Mamba3Config, ROPE_BASE,
+    RopeAngles, RopeFraction,
 };

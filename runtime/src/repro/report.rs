@@ -167,8 +167,8 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
                 s
             }),
             per_layer(r, |l| format!("{:.2}", l.angle_max)),
-            // A middle layer whose dt has sunk to ~0.01-0.02 marked every
-            // arithmetic run that had not learned by step 6000 (README).
+            // A quiet middle layer (dt ~0.01-0.03) marked the arithmetic
+            // runs still at chance on the H200 (README, rounds 6 and 7).
             per_layer(r, |l| format!("{:.3}", l.dt_mean)),
         );
     }

@@ -20,6 +20,9 @@ use crate::Precision;
 use crate::mamba3::{AActivation, ConfigError, Mamba3Config, RopeAngles, RopeFraction};
 use crate::optim::DecayPolicy;
 
+/// The `--chunk-size` default: the official chunk length.
+pub use crate::mamba3::DEFAULT_CHUNK_SIZE;
+
 /// `--device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -193,9 +196,6 @@ pub struct ModelSize {
     #[serde(default = "default_chunk_size")]
     pub chunk_size: usize,
 }
-
-/// The official Mamba-3 chunk length, the `--chunk-size` default.
-pub const DEFAULT_CHUNK_SIZE: usize = 64;
 
 fn default_chunk_size() -> usize {
     DEFAULT_CHUNK_SIZE
