@@ -1,5 +1,6 @@
 //! The chunk-parallel tensor-core scan (`kernels/mamba3_chunk.cu`) against
-//! the scalar f32 scan (`kernels/mamba3_scan.cu`) on the same inputs: every
+//! the scalar f32 scan (`kernels/mamba3_scan.cu`, or its warp form,
+//! `mamba3_warpscan.cu`, at the heads that take it) on the same inputs: every
 //! output of the forward and backward kernels, at shapes with a partial last
 //! chunk, one chunk, several groups and the official N 128 / P 64 / C 64;
 //! bit-identical reruns; and the time of both at the bench's M shape.
@@ -14,175 +15,10 @@
 
 mod gpu_common;
 
-use gpu_common::oracle::random_f32_step;
+use gpu_common::scan::{Path, compare, dskip, grads, host, host16, median_ms, outs, run, step};
 use gpu_common::{gpu, random};
-use half::bf16;
-use stepgraph::device::{DeviceBuffer, Gpu};
-use stepgraph::kernels::f32_to_bf16;
-use stepgraph::kernels::mamba3::{self as k, Mamba3Shape};
-use stepgraph::kernels::mamba3_bwd::{self as kb, ScanGrads};
 use stepgraph::kernels::mamba3_chunk as kc;
 use stepgraph::mamba3::Mamba3Config;
-use stepgraph::mamba3::gpu::forward;
-use stepgraph::step::F32Step;
-
-fn step(gpu: &Gpu, cfg: &Mamba3Config, batch: usize, len: usize, seed: u64) -> F32Step {
-    let mut s = random_f32_step(gpu, cfg, batch, len, seed);
-    forward(gpu, &s.weights, &s.tokens, &mut s.acts, &mut s.loss).expect("forward");
-    s
-}
-
-/// Relative error ||a - b|| / ||b|| and cosine of two vectors.
-fn compare(a: &[f32], b: &[f32]) -> (f64, f64) {
-    assert_eq!(a.len(), b.len());
-    let (mut d, mut nb, mut na, mut dot) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        let (x, y) = (f64::from(x), f64::from(y));
-        assert!(x.is_finite(), "non-finite output");
-        d += (x - y) * (x - y);
-        nb += y * y;
-        na += x * x;
-        dot += x * y;
-    }
-    let rel = if nb > 0.0 { (d / nb).sqrt() } else { d.sqrt() };
-    let cos = if na > 0.0 && nb > 0.0 {
-        dot / (na.sqrt() * nb.sqrt())
-    } else {
-        1.0
-    };
-    (rel, cos)
-}
-
-struct Outs {
-    y: DeviceBuffer<f32>,
-    /// The scalar scan's states (f32).
-    states: DeviceBuffer<f32>,
-    /// The chunk scan's states (bf16) and its f32 working memory.
-    states16: DeviceBuffer<bf16>,
-    own: DeviceBuffer<f32>,
-    dq: DeviceBuffer<f32>,
-    dk: DeviceBuffer<f32>,
-    dproj: DeviceBuffer<f32>,
-    dadt: DeviceBuffer<f32>,
-    dscale: DeviceBuffer<f32>,
-    dqkdot: DeviceBuffer<f32>,
-    dskip_part: DeviceBuffer<f32>,
-    gstates: DeviceBuffer<bf16>,
-    /// The step's q/k rounded to bf16: the chunk scan reads them so (the
-    /// mixed step stores them in bf16), the scalar reference reads f32.
-    qk16: (DeviceBuffer<bf16>, DeviceBuffer<bf16>),
-}
-
-fn outs(gpu: &Gpu, sh: &Mamba3Shape, s: &F32Step) -> Outs {
-    let z = |n: usize| gpu.alloc_zeros::<f32>(n.max(1)).expect("alloc");
-    let bf = |x: &DeviceBuffer<f32>| {
-        let mut y = gpu.alloc::<bf16>(x.len()).expect("bf16 q/k");
-        f32_to_bf16(gpu, x, &mut y).expect("round q/k");
-        y
-    };
-    let hn = sh.rows * sh.nheads * sh.d_state;
-    let rh = sh.rows * sh.nheads;
-    Outs {
-        y: z(sh.rows * sh.d_inner),
-        states: z(kc::state_elems(sh)),
-        states16: gpu.alloc_zeros::<bf16>(kc::state_elems(sh)).expect("alloc"),
-        own: z(kc::state_elems(sh)),
-        dq: z(hn),
-        dk: z(hn),
-        dproj: z(sh.rows * sh.width),
-        dadt: z(rh),
-        dscale: z(rh),
-        dqkdot: z(rh),
-        dskip_part: z(kc::dskip_part_elems(sh)),
-        gstates: gpu.alloc_zeros::<bf16>(kc::state_elems(sh)).expect("alloc"),
-        qk16: (bf(&s.acts.q), bf(&s.acts.k)),
-    }
-}
-
-/// Runs one scan (chunked or scalar) forward and backward on layer 0 of `s`.
-fn run(gpu: &Gpu, s: &F32Step, dy: &DeviceBuffer<f32>, o: &mut Outs, chunked: bool) {
-    let sh = s.acts.shape;
-    let (lw, la) = (&s.weights.layers[0], &s.acts.layers[0]);
-    let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
-    let (q16, k16) = &o.qk16;
-    if chunked {
-        kc::scan_fwd(
-            gpu,
-            &sh,
-            q16,
-            k16,
-            &la.proj,
-            scalars,
-            &lw.d,
-            &mut o.y,
-            &mut o.own,
-            &mut o.states16,
-        )
-        .expect("chunk scan forward");
-    } else {
-        k::scan_fwd(
-            gpu,
-            &sh,
-            &s.acts.q,
-            &s.acts.k,
-            &la.proj,
-            scalars,
-            &lw.d,
-            &mut o.y,
-            &mut o.states,
-        )
-        .expect("scalar scan forward");
-    }
-    let grads = ScanGrads {
-        dq: &mut o.dq,
-        dk: &mut o.dk,
-        dproj: &mut o.dproj,
-        dadt: &mut o.dadt,
-        dscale: &mut o.dscale,
-        dqkdot: &mut o.dqkdot,
-        dskip_part: &mut o.dskip_part,
-    };
-    // Both backward passes read the states their own forward pass wrote.
-    if chunked {
-        kc::scan_bwd(
-            gpu,
-            &sh,
-            q16,
-            k16,
-            &la.proj,
-            scalars,
-            &lw.d,
-            &o.states16,
-            &mut o.own,
-            &mut o.gstates,
-            dy,
-            grads,
-        )
-        .expect("chunk scan backward");
-    } else {
-        kb::scan_bwd(
-            gpu, &sh, &s.acts.q, &s.acts.k, &la.proj, scalars, &lw.d, &o.states, dy, grads,
-        )
-        .expect("scalar scan backward");
-    }
-}
-
-fn host(gpu: &Gpu, b: &DeviceBuffer<f32>) -> Vec<f32> {
-    gpu.to_host(b).expect("download")
-}
-
-fn host16(gpu: &Gpu, b: &DeviceBuffer<bf16>) -> Vec<f32> {
-    let v = gpu.to_host(b).expect("download");
-    v.iter().map(|x| x.to_f32()).collect()
-}
-
-/// dL/dD per head from the partials (`rows` partial rows of H).
-fn dskip(gpu: &Gpu, b: &DeviceBuffer<f32>, rows: usize, heads: usize) -> Vec<f32> {
-    let v = host(gpu, b);
-    (0..heads)
-        .map(|h| (0..rows).map(|r| v[r * heads + h]).sum())
-        .collect()
-}
 
 fn cfg(d_state: usize, headdim: usize, chunk: usize, ngroups: usize) -> Mamba3Config {
     Mamba3Config {
@@ -234,8 +70,8 @@ fn chunk_scan_matches_the_scalar_scan() {
             .to_device(&random(seed + 7, sh.rows * sh.d_inner, 1.0))
             .expect("dy");
         let (mut a, mut b) = (outs(&gpu, &sh, &s), outs(&gpu, &sh, &s));
-        run(&gpu, &s, &dy, &mut a, true);
-        run(&gpu, &s, &dy, &mut b, false);
+        run(&gpu, &s, &sh, &dy, &mut a, Path::Chunk);
+        run(&gpu, &s, &sh, &dy, &mut b, Path::ScalarF32);
         let states = sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state;
         let mut rows: Vec<(&str, Vec<f32>, Vec<f32>)> = vec![
             ("y", host(&gpu, &a.y), host(&gpu, &b.y)),
@@ -245,15 +81,8 @@ fn chunk_scan_matches_the_scalar_scan() {
                 host(&gpu, &b.states)[..states].to_vec(),
             ),
         ];
-        for (name, x, y) in [
-            ("dq", &a.dq, &b.dq),
-            ("dk", &a.dk, &b.dk),
-            ("dproj (dv)", &a.dproj, &b.dproj),
-            ("dadt", &a.dadt, &b.dadt),
-            ("dscale", &a.dscale, &b.dscale),
-            ("dqkdot", &a.dqkdot, &b.dqkdot),
-        ] {
-            rows.push((name, host(&gpu, x), host(&gpu, y)));
+        for ((name, x), (_, y)) in grads(&gpu, &a).into_iter().zip(grads(&gpu, &b)) {
+            rows.push((name, x, y));
         }
         rows.push((
             "dD",
@@ -294,8 +123,8 @@ fn chunk_scan_reruns_are_bit_identical() {
         .to_device(&random(9, sh.rows * sh.d_inner, 1.0))
         .expect("dy");
     let (mut a, mut b) = (outs(&gpu, &sh, &s), outs(&gpu, &sh, &s));
-    run(&gpu, &s, &dy, &mut a, true);
-    run(&gpu, &s, &dy, &mut b, true);
+    run(&gpu, &s, &sh, &dy, &mut a, Path::Chunk);
+    run(&gpu, &s, &sh, &dy, &mut b, Path::Chunk);
     for (x, y) in [
         (&a.y, &b.y),
         (&a.dq, &b.dq),
@@ -310,19 +139,6 @@ fn chunk_scan_reruns_are_bit_identical() {
             "a rerun changed bits"
         );
     }
-}
-
-fn median_ms(gpu: &Gpu, reps: usize, f: &mut dyn FnMut()) -> f32 {
-    f();
-    gpu.synchronize().expect("sync");
-    let mut v = Vec::new();
-    for _ in 0..reps {
-        let start = std::time::Instant::now();
-        f();
-        gpu.synchronize().expect("sync");
-        v.push(start.elapsed().as_secs_f32() * 1e3);
-    }
-    gpu_common::median(v)
 }
 
 #[test]
@@ -344,8 +160,12 @@ fn chunk_scan_time_at_the_m_shape() {
         .to_device(&random(4, sh.rows * sh.d_inner, 1.0))
         .expect("dy");
     let (mut a, mut b) = (outs(&gpu, &sh, &s), outs(&gpu, &sh, &s));
-    let chunked = median_ms(&gpu, 10, &mut || run(&gpu, &s, &dy, &mut a, true));
-    let scalar = median_ms(&gpu, 5, &mut || run(&gpu, &s, &dy, &mut b, false));
+    let chunked = median_ms(&gpu, 10, &mut || {
+        run(&gpu, &s, &sh, &dy, &mut a, Path::Chunk);
+    });
+    let scalar = median_ms(&gpu, 5, &mut || {
+        run(&gpu, &s, &sh, &dy, &mut b, Path::ScalarF32);
+    });
     println!(
         "M shape (B 8, T 1024, H {}, N 128, P 64), one layer's scan forward + backward: \
          chunk {chunked:.3} ms, scalar {scalar:.3} ms ({:.1}x)",

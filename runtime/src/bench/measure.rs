@@ -76,7 +76,7 @@ pub fn estimate_bytes(cfg: &Mamba3Config, batch: usize, seq_len: usize, operand_
     // shared by the layers); the f32 step shares one q/k pair (see
     // `acts::keeps_qk`, `acts::chunk_scan`).
     let mixed = ob < 4;
-    let chunk = mixed && crate::kernels::mamba3_chunk::supported(&sh);
+    let chunk = mixed && crate::mamba3::gpu::tensor_core_scan(&sh);
     let state_elems = w(crate::kernels::mamba3_chunk::state_elems(&sh));
     let (kept_qk, shared_qk) = if mixed { (2 * hn, 0) } else { (0, 2 * hn) };
     let per_layer_row =

@@ -210,6 +210,27 @@ pub enum GpuError {
         /// The largest supported.
         max: usize,
     },
+    /// A head shape the warp form of the scan has no instance for.
+    #[error(
+        "the warp scan takes heads of headdim x d_state 8x32, 8x64, 16x32, 16x64 or 32x32, \
+         not {headdim}x{d_state}; run the block form (ScanForm::Block)"
+    )]
+    WarpScanShape {
+        /// P.
+        headdim: usize,
+        /// N.
+        d_state: usize,
+    },
+    /// A buffer whose device address a kernel's vector loads cannot take.
+    #[error("{what} starts at device address {addr:#x}, not a multiple of {align} bytes")]
+    Misaligned {
+        /// Which buffer.
+        what: &'static str,
+        /// Its address.
+        addr: u64,
+        /// The alignment the kernel needs.
+        align: u64,
+    },
     /// A buffer is smaller than an operation needs.
     #[error("{what} holds {have} elements but {need} are needed")]
     BufferTooSmall {

@@ -69,6 +69,15 @@ pub enum Kernel {
     M3ScanBwdF32,
     /// `m3_scan_bwd_bf16qk`.
     M3ScanBwdBf16qk,
+    // kernels/mamba3_warpscan.cu
+    /// `m3_wscan_fwd_f32`.
+    M3WscanFwdF32,
+    /// `m3_wscan_fwd_bf16qk`.
+    M3WscanFwdBf16qk,
+    /// `m3_wscan_bwd_f32`.
+    M3WscanBwdF32,
+    /// `m3_wscan_bwd_bf16qk`.
+    M3WscanBwdBf16qk,
     // kernels/mamba3_chunk.cu
     /// `m3c_chunk_state`.
     M3cChunkState,
@@ -158,6 +167,10 @@ impl Kernel {
         Kernel::M3ScanFwdBf16qk,
         Kernel::M3ScanBwdF32,
         Kernel::M3ScanBwdBf16qk,
+        Kernel::M3WscanFwdF32,
+        Kernel::M3WscanFwdBf16qk,
+        Kernel::M3WscanBwdF32,
+        Kernel::M3WscanBwdBf16qk,
         Kernel::M3cChunkState,
         Kernel::M3cStatePass,
         Kernel::M3cStates,
@@ -216,6 +229,10 @@ impl Kernel {
             Kernel::M3ScanFwdBf16qk => "m3_scan_fwd_bf16qk",
             Kernel::M3ScanBwdF32 => "m3_scan_bwd_f32",
             Kernel::M3ScanBwdBf16qk => "m3_scan_bwd_bf16qk",
+            Kernel::M3WscanFwdF32 => "m3_wscan_fwd_f32",
+            Kernel::M3WscanFwdBf16qk => "m3_wscan_fwd_bf16qk",
+            Kernel::M3WscanBwdF32 => "m3_wscan_bwd_f32",
+            Kernel::M3WscanBwdBf16qk => "m3_wscan_bwd_bf16qk",
             Kernel::M3cChunkState => "m3c_chunk_state",
             Kernel::M3cStatePass => "m3c_state_pass",
             Kernel::M3cStates => "m3c_states",

@@ -17,7 +17,7 @@ use crate::device::{DeviceBuffer, Element, Gpu, GpuError, to_u32};
 
 #[cfg(test)]
 pub(crate) use super::mamba3_shape::test_shape;
-pub use super::mamba3_shape::{AngleSource, DecayMap, M3Dims, Mamba3Shape, ProjLayout};
+pub use super::mamba3_shape::{AngleSource, DecayMap, M3Dims, Mamba3Shape, ProjLayout, ScanForm};
 
 /// Fails unless `buf` holds at least `need` elements.
 pub(crate) fn need<T: Element>(
@@ -482,6 +482,41 @@ pub(crate) fn scan_launch(
     })
 }
 
+/// Warps per block of the warp scan; `M3W_WARPS` in
+/// `kernels/mamba3_warpscan.cu` (a unit test checks).
+pub const WARP_SCAN_WARPS: u32 = 4;
+
+/// Launch configuration of the warp scan: one warp per (batch row, head),
+/// [`WARP_SCAN_WARPS`] to a block, no shared memory. Refuses a head shape
+/// the kernel has no instance for, and q/k its vector loads cannot read
+/// (their rows are 16-byte multiples; the buffers must start on one).
+pub(crate) fn warp_scan_launch<Q: Compute>(
+    sh: &Mamba3Shape,
+    qk: [&DeviceBuffer<Q>; 2],
+) -> Result<LaunchConfig, GpuError> {
+    if !ScanForm::warp_takes(sh.headdim, sh.d_state) {
+        return Err(GpuError::WarpScanShape {
+            headdim: sh.headdim,
+            d_state: sh.d_state,
+        });
+    }
+    for (what, buf) in [("scan: q", qk[0]), ("scan: k", qk[1])] {
+        if buf.device_addr() % 16 != 0 {
+            return Err(GpuError::Misaligned {
+                what,
+                addr: buf.device_addr(),
+                align: 16,
+            });
+        }
+    }
+    let pairs = to_u32("mamba3: batch * nheads", sh.batch * sh.nheads)?;
+    Ok(LaunchConfig {
+        grid_dim: (pairs.div_ceil(WARP_SCAN_WARPS).max(1), 1, 1),
+        block_dim: (WARP_SCAN_WARPS * 32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
 /// The chunked scan forward: `y` `[rows, d_inner]` and the state entering
 /// every chunk, `states` `[B, H, nchunks, P, N]`.
 #[expect(
@@ -509,8 +544,16 @@ pub fn scan_fwd<Q: Compute>(
         states,
         sh.batch * sh.nheads * sh.nchunks * sh.headdim * sh.d_state,
     )?;
-    let cfg = scan_launch(gpu, sh, scan_fwd_smem(sh))?;
-    let f = gpu.function(Q::SCAN_FWD)?;
+    let (f, cfg) = match sh.scan_form {
+        ScanForm::Block => (
+            gpu.function(Q::SCAN_FWD)?,
+            scan_launch(gpu, sh, scan_fwd_smem(sh))?,
+        ),
+        ScanForm::Warp => (
+            gpu.function(Q::WARP_SCAN_FWD)?,
+            warp_scan_launch(sh, [q, k])?,
+        ),
+    };
     let mut b = gpu.stream().launch_builder(f);
     b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
     b.arg(dt.slice()?)
@@ -519,10 +562,12 @@ pub fn scan_fwd<Q: Compute>(
         .arg(qk_raw.slice()?)
         .arg(dskip.slice()?);
     b.arg(y.slice_mut()?).arg(states.slice_mut()?).arg(&d);
-    // SAFETY: block (b, h) reads its rows of q/k [rows x H x N], proj's x
-    // columns, the [rows x H] scalars and D[h], and writes its y columns and
-    // its B x H x nchunks x P x N slice of `states`; all lengths checked, and
-    // the dynamic shared memory is the size the kernel's layout needs.
+    // SAFETY: block (b, h) (warp (b, h) in the warp form) reads its rows of
+    // q/k [rows x H x N], proj's x columns, the [rows x H] scalars and D[h],
+    // and writes its y columns and its B x H x nchunks x P x N slice of
+    // `states`; all lengths checked; the block form's dynamic shared memory
+    // is the size its layout needs, the warp form's q/k are 16-byte aligned
+    // for its vector loads (`warp_scan_launch`).
     unsafe { b.launch(cfg) }.during("launch m3_scan_fwd")?;
     Ok(())
 }
@@ -623,6 +668,8 @@ mod tests {
     fn scan_thread_count_matches_the_kernel() {
         let src = include_str!("../../../kernels/mamba3_scan.cu");
         assert!(src.contains(&format!("#define M3_SCAN_THREADS {SCAN_THREADS}")));
+        let warp = include_str!("../../../kernels/mamba3_warpscan.cu");
+        assert!(warp.contains(&format!("#define M3W_WARPS {WARP_SCAN_WARPS}")));
         assert_eq!(usize::try_from(SCAN_THREADS / 32).ok(), Some(SCAN_WARPS));
     }
 

@@ -9,8 +9,9 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg as _};
 use super::Kernel;
 use super::launch::{self, BLOCK};
 use super::mamba3::{
-    BcParams, Mamba3Shape, ScanScalars, angle_blocks, check_scan_inputs, need, pair_slots_fit,
-    pair_tile_grid, row_blocks, scan_bwd_smem, scan_launch, thread_blocks, warp_blocks,
+    BcParams, Mamba3Shape, ScanForm, ScanScalars, angle_blocks, check_scan_inputs, need,
+    pair_slots_fit, pair_tile_grid, row_blocks, scan_bwd_smem, scan_launch, thread_blocks,
+    warp_blocks, warp_scan_launch,
 };
 use super::precision::Compute;
 use crate::device::error::During as _;
@@ -224,8 +225,16 @@ pub fn scan_bwd<Q: Compute>(
     )?;
     need(gpu, "scan_bwd: dy", dy, sh.per_row(sh.d_inner)?)?;
     out.check(gpu, sh, sh.batch * sh.nheads)?;
-    let cfg = scan_launch(gpu, sh, scan_bwd_smem(sh))?;
-    let f = gpu.function(Q::SCAN_BWD)?;
+    let (f, cfg) = match sh.scan_form {
+        ScanForm::Block => (
+            gpu.function(Q::SCAN_BWD)?,
+            scan_launch(gpu, sh, scan_bwd_smem(sh))?,
+        ),
+        ScanForm::Warp => (
+            gpu.function(Q::WARP_SCAN_BWD)?,
+            warp_scan_launch(sh, [q, k])?,
+        ),
+    };
     let mut b = gpu.stream().launch_builder(f);
     b.arg(q.slice()?).arg(k.slice()?).arg(proj.slice()?);
     b.arg(dt.slice()?)
@@ -241,9 +250,11 @@ pub fn scan_bwd<Q: Compute>(
         .arg(out.dscale.slice_mut()?)
         .arg(out.dqkdot.slice_mut()?);
     b.arg(out.dskip_part.slice_mut()?).arg(&d);
-    // SAFETY: block (b, h) reads and writes only its own rows/columns of
-    // buffers whose lengths were all checked against the shape; shared
-    // memory is sized by `scan_bwd_smem` for this shape.
+    // SAFETY: block (b, h) (warp (b, h) in the warp form) reads and writes
+    // only its own rows/columns of buffers whose lengths were all checked
+    // against the shape; the block form's shared memory is sized by
+    // `scan_bwd_smem` for this shape, the warp form's q/k alignment checked
+    // by `warp_scan_launch`.
     unsafe { b.launch(cfg) }.during("launch m3_scan_bwd")?;
     Ok(())
 }

@@ -58,6 +58,41 @@ pub enum AngleSource {
     },
 }
 
+/// Which form of the scalar (f32-product) scan a shape runs; the
+/// chunk-parallel tensor-core scan is a separate path, picked by the compute
+/// type (`mamba3::gpu::chunk_scan`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ScanForm {
+    /// One block of 1024 threads per (row, head) walking chunks of the
+    /// window (`kernels/mamba3_scan.cu`): any shape whose tiles fit shared
+    /// memory.
+    #[default]
+    Block,
+    /// One warp per (row, head) walking the window token by token, the
+    /// state in registers (`kernels/mamba3_warpscan.cu`): the heads of at
+    /// most 1024 state values it was written for ([`ScanForm::warp_takes`]).
+    Warp,
+}
+
+impl ScanForm {
+    /// Whether the warp scan takes heads of `headdim` x `d_state`: the
+    /// (P, N) pairs `M3W_DISPATCH` instantiates (a lane keeps P x N / 32
+    /// state values, at most 32, in registers).
+    pub fn warp_takes(headdim: usize, d_state: usize) -> bool {
+        matches!((headdim, d_state), (8 | 16, 32 | 64) | (32, 32))
+    }
+
+    /// The faster form at this head shape: the warp scan wherever it
+    /// applies (`BENCHMARKS.md`, "Issue 16: a warp per head").
+    pub fn for_head(headdim: usize, d_state: usize) -> Self {
+        if Self::warp_takes(headdim, d_state) {
+            Self::Warp
+        } else {
+            Self::Block
+        }
+    }
+}
+
 /// Shapes of one model at one (batch, seq_len): everything a kernel needs to
 /// index its buffers, in host `usize`s. The model builds it from its
 /// configuration (`mamba3::gpu::kernel_shape`).
@@ -101,6 +136,8 @@ pub struct Mamba3Shape {
     pub a_activation: DecayMap,
     /// Where the rotation angles come from.
     pub angles_from: AngleSource,
+    /// The scalar scan's form (a test may pick either where both apply).
+    pub scan_form: ScanForm,
 }
 
 impl Mamba3Shape {
@@ -233,5 +270,29 @@ pub(crate) fn test_shape(
         a_floor: 1e-4,
         a_activation: DecayMap::HeavyTail,
         angles_from: AngleSource::Cumsum,
+        scan_form: ScanForm::for_head(headdim, d_state),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ScanForm;
+
+    /// `warp_takes` must name exactly the (P, N) pairs `M3W_DISPATCH`
+    /// instantiates: a pair the kernel lacks would launch and do nothing.
+    #[test]
+    fn the_warp_form_takes_exactly_the_heads_its_kernel_instantiates() {
+        let src = include_str!("../../../kernels/mamba3_warpscan.cu");
+        let mut taken = 0;
+        for p in [4, 8, 16, 32, 64] {
+            for n in [16, 32, 64, 128] {
+                let listed = src.contains(&format!("P_ == {p} && N_ == {n})"));
+                assert_eq!(ScanForm::warp_takes(p, n), listed, "P {p} N {n}");
+                let form = ScanForm::for_head(p, n);
+                assert_eq!(form == ScanForm::Warp, listed, "P {p} N {n}");
+                taken += usize::from(listed);
+            }
+        }
+        assert_eq!(taken, 5);
     }
 }

@@ -138,6 +138,18 @@ pub const MODULES: &[Module] = &[
     },
     Module {
         source: SourceFile {
+            file: "mamba3_warpscan.cu",
+            src: include_str!("../../../kernels/mamba3_warpscan.cu"),
+        },
+        functions: &[
+            "m3_wscan_fwd_f32",
+            "m3_wscan_fwd_bf16qk",
+            "m3_wscan_bwd_f32",
+            "m3_wscan_bwd_bf16qk",
+        ],
+    },
+    Module {
+        source: SourceFile {
             file: "mamba3_chunk.cu",
             src: include_str!("../../../kernels/mamba3_chunk.cu"),
         },

@@ -43,6 +43,10 @@ pub trait Compute: Element + sealed::Sealed {
     const SCAN_FWD: Kernel;
     /// The scalar scan's backward kernel reading q/k in this type.
     const SCAN_BWD: Kernel;
+    /// The warp form of [`Compute::SCAN_FWD`] (`kernels/mamba3_warpscan.cu`).
+    const WARP_SCAN_FWD: Kernel;
+    /// The warp form of [`Compute::SCAN_BWD`].
+    const WARP_SCAN_BWD: Kernel;
 
     /// `buf` as a bf16 buffer when this type is bf16 (the chunk scan reads
     /// its q/k in bf16 only), else `None`.
@@ -99,6 +103,8 @@ impl Compute for f32 {
     const QK_FWD_VEC: Kernel = Kernel::M3QkFwdVecF32;
     const SCAN_FWD: Kernel = Kernel::M3ScanFwdF32;
     const SCAN_BWD: Kernel = Kernel::M3ScanBwdF32;
+    const WARP_SCAN_FWD: Kernel = Kernel::M3WscanFwdF32;
+    const WARP_SCAN_BWD: Kernel = Kernel::M3WscanBwdF32;
 
     fn as_bf16(_buf: &DeviceBuffer<f32>) -> Option<&DeviceBuffer<bf16>> {
         None
@@ -157,6 +163,8 @@ impl Compute for bf16 {
     const QK_FWD_VEC: Kernel = Kernel::M3QkFwdVecBf16qk;
     const SCAN_FWD: Kernel = Kernel::M3ScanFwdBf16qk;
     const SCAN_BWD: Kernel = Kernel::M3ScanBwdBf16qk;
+    const WARP_SCAN_FWD: Kernel = Kernel::M3WscanFwdBf16qk;
+    const WARP_SCAN_BWD: Kernel = Kernel::M3WscanBwdBf16qk;
 
     fn as_bf16(buf: &DeviceBuffer<bf16>) -> Option<&DeviceBuffer<bf16>> {
         Some(buf)

@@ -10,6 +10,7 @@
 )]
 
 pub mod oracle;
+pub mod scan;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

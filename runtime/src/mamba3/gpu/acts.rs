@@ -19,7 +19,7 @@ use crate::DevicePtrs;
 use half::bf16;
 
 use crate::device::{DeviceBuffer, Element, Gpu, GpuError};
-use crate::kernels::mamba3::Mamba3Shape;
+use crate::kernels::mamba3::{Mamba3Shape, ScanForm};
 use crate::kernels::mamba3_bwd::colsum_partials;
 use crate::kernels::mamba3_chunk as kc;
 use crate::kernels::precision::Compute;
@@ -102,9 +102,18 @@ pub struct LayerActs<B = DeviceBuffer<f32>> {
 }
 
 /// Whether the step computing in `T` runs the chunk-parallel scan at shape
-/// `sh` (bf16 q/k and a shape [`kc::supported`] takes).
+/// `sh`: bf16 q/k, a shape [`kc::supported`] takes, and a head too small
+/// for the warp form of the scalar scan, which is faster than the chunk
+/// scan at the heads it takes (`BENCHMARKS.md`, "Issue 16: a warp per
+/// head").
 pub fn chunk_scan<T: Compute>(sh: &Mamba3Shape) -> bool {
-    T::TENSOR_CORE_SCAN && kc::supported(sh)
+    T::TENSOR_CORE_SCAN && tensor_core_scan(sh)
+}
+
+/// Whether a step whose compute type allows the chunk scan runs it at `sh`
+/// ([`chunk_scan`] without the type; the bench's memory estimate asks).
+pub fn tensor_core_scan(sh: &Mamba3Shape) -> bool {
+    kc::supported(sh) && sh.scan_form != ScanForm::Warp
 }
 
 /// The scan a layer runs, with the q/k it reads: the chunk-parallel

@@ -35,7 +35,7 @@ mod probe;
 mod shape;
 mod weights;
 
-pub use acts::{Acts, BackwardWork, LayerActs, MixedActs};
+pub use acts::{Acts, BackwardWork, LayerActs, MixedActs, tensor_core_scan};
 pub use backward::{backward, backward_probed, blocks_backward};
 pub use forward::{blocks_forward, forward, forward_probed, zero_grads};
 pub use mixed::{MixedLayer, MixedWeights, presize_staging, staging_bytes, sync_master_to_compute};

@@ -3,7 +3,7 @@
 //! [`Mamba3Shape`] every Mamba-3 kernel wrapper takes, so the kernels layer
 //! needs no model type.
 
-use crate::kernels::mamba3::{AngleSource, DecayMap, Mamba3Shape, ProjLayout};
+use crate::kernels::mamba3::{AngleSource, DecayMap, Mamba3Shape, ProjLayout, ScanForm};
 use crate::mamba3::{AActivation, InProjLayout, Mamba3Config, ROPE_BASE, RopeAngles};
 
 /// The shape of `cfg` at `batch x len` (the config must be valid).
@@ -35,6 +35,7 @@ pub fn kernel_shape(cfg: &Mamba3Config, batch: usize, len: usize) -> Mamba3Shape
             RopeAngles::Data => AngleSource::Cumsum,
             RopeAngles::Fixed => AngleSource::Fixed { base: ROPE_BASE },
         },
+        scan_form: ScanForm::for_head(cfg.headdim, cfg.d_state),
     }
 }
 

@@ -1,0 +1,219 @@
+//! The warp form of the scalar scan (`kernels/mamba3_warpscan.cu`, one warp
+//! per (row, head), token by token) against the block form
+//! (`kernels/mamba3_scan.cu`, chunked, one block per (row, head)) on the
+//! same inputs: every output of the forward and backward kernels, with f32
+//! and with bf16 q/k, at every head shape the warp form takes, with partial
+//! last chunks and a one-token window; bit-identical reruns; a typed refusal
+//! of a head it does not take; and the time of the three scans at the
+//! state-tracking models' layer shape.
+//!
+//! Both forms compute in f32 in different orders (a recurrence per token
+//! against chunked products), so they are held to a relative error, not to
+//! bits. The gpu_mamba3 oracle tests check the warp form against the f64
+//! CPU model end to end (their heads of 16 take it).
+//!
+//! Every test is `#[ignore = "needs a CUDA GPU"]`.
+
+mod gpu_common;
+
+use gpu_common::scan::{Path, compare, dskip, grads, host, median_ms, outs, run, step};
+use gpu_common::{gpu, random};
+use stepgraph::device::GpuError;
+use stepgraph::kernels::mamba3::{self as k, ScanForm};
+use stepgraph::mamba3::Mamba3Config;
+
+fn cfg(d_state: usize, headdim: usize, chunk: usize, ngroups: usize) -> Mamba3Config {
+    Mamba3Config {
+        d_model: 128,
+        n_layer: 1,
+        vocab_size: 64,
+        d_state,
+        headdim,
+        chunk_size: chunk,
+        ngroups,
+        ..Mamba3Config::default()
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn warp_scan_matches_the_block_scan() {
+    let gpu = gpu();
+    // (config, batch, len): each (P, N) the warp form instantiates, partial
+    // last chunks, two groups, and a window of one token.
+    let cases = [
+        (cfg(64, 16, 32, 1), 3, 77),
+        (cfg(32, 16, 16, 2), 2, 40),
+        (cfg(64, 8, 64, 1), 2, 130),
+        (cfg(32, 8, 32, 1), 2, 33),
+        (cfg(32, 32, 64, 1), 2, 200),
+        (cfg(64, 16, 64, 1), 1, 1),
+    ];
+    let mut worst = (0.0f64, 1.0f64);
+    for (i, (c, batch, len)) in cases.iter().enumerate() {
+        let seed = 300 + u64::try_from(i).expect("index");
+        let s = step(&gpu, c, *batch, *len, seed);
+        let warp = s.acts.shape;
+        assert_eq!(
+            warp.scan_form,
+            ScanForm::Warp,
+            "case {i} must default to the warp form"
+        );
+        let block = k::Mamba3Shape {
+            scan_form: ScanForm::Block,
+            ..warp
+        };
+        let dy = gpu
+            .to_device(&random(seed + 7, warp.rows * warp.d_inner, 1.0))
+            .expect("dy");
+        for path in [Path::ScalarF32, Path::ScalarBf16] {
+            let (mut a, mut b) = (outs(&gpu, &warp, &s), outs(&gpu, &warp, &s));
+            run(&gpu, &s, &warp, &dy, &mut a, path);
+            run(&gpu, &s, &block, &dy, &mut b, path);
+            let states = warp.batch * warp.nheads * warp.nchunks * warp.headdim * warp.d_state;
+            let mut rows = vec![
+                ("y", host(&gpu, &a.y), host(&gpu, &b.y)),
+                (
+                    "states",
+                    host(&gpu, &a.states)[..states].to_vec(),
+                    host(&gpu, &b.states)[..states].to_vec(),
+                ),
+            ];
+            for ((name, x), (_, y)) in grads(&gpu, &a).into_iter().zip(grads(&gpu, &b)) {
+                rows.push((name, x, y));
+            }
+            rows.push((
+                "dD",
+                dskip(&gpu, &a.dskip_part, warp.batch, warp.nheads),
+                dskip(&gpu, &b.dskip_part, warp.batch, warp.nheads),
+            ));
+            println!(
+                "case {i} {path:?}: N {} P {} C {} G {} B {} T {}",
+                warp.d_state, warp.headdim, warp.chunk, warp.ngroups, warp.batch, warp.len
+            );
+            for (name, x, y) in &rows {
+                let (rel, cos) = compare(x, y);
+                println!("  {name:<12} rel {rel:.2e}  cos {cos:.9}");
+                worst = (worst.0.max(rel), worst.1.min(cos));
+                // Both forms multiply f32 values in f32; what differs is the
+                // order of the sums (and e^{cs_t - cs_s} against a product of
+                // per-token decays).
+                assert!(
+                    rel < 1e-4 && cos > 0.9999999,
+                    "case {i} {path:?} {name}: rel {rel:.3e} cos {cos:.9}"
+                );
+            }
+        }
+    }
+    println!(
+        "worst over all outputs: rel {:.2e}, cos {:.9}",
+        worst.0, worst.1
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn warp_scan_reruns_are_bit_identical() {
+    let gpu = gpu();
+    let s = step(&gpu, &cfg(64, 16, 64, 1), 3, 150, 11);
+    let sh = s.acts.shape;
+    assert_eq!(sh.scan_form, ScanForm::Warp);
+    let dy = gpu
+        .to_device(&random(12, sh.rows * sh.d_inner, 1.0))
+        .expect("dy");
+    let (mut a, mut b) = (outs(&gpu, &sh, &s), outs(&gpu, &sh, &s));
+    run(&gpu, &s, &sh, &dy, &mut a, Path::ScalarF32);
+    run(&gpu, &s, &sh, &dy, &mut b, Path::ScalarF32);
+    let mut pairs = vec![
+        (host(&gpu, &a.y), host(&gpu, &b.y)),
+        (host(&gpu, &a.dskip_part), host(&gpu, &b.dskip_part)),
+    ];
+    for ((_, x), (_, y)) in grads(&gpu, &a).into_iter().zip(grads(&gpu, &b)) {
+        pairs.push((x, y));
+    }
+    for (x, y) in pairs {
+        assert!(
+            x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "a rerun changed bits"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn warp_scan_refuses_a_head_it_has_no_instance_for() {
+    let gpu = gpu();
+    let s = step(&gpu, &cfg(128, 64, 64, 1), 1, 8, 21);
+    let block = s.acts.shape;
+    assert_eq!(
+        block.scan_form,
+        ScanForm::Block,
+        "P 64 x N 128 runs the block form"
+    );
+    let warp = k::Mamba3Shape {
+        scan_form: ScanForm::Warp,
+        ..block
+    };
+    let mut o = outs(&gpu, &warp, &s);
+    let (lw, la) = (&s.weights.layers[0], &s.acts.layers[0]);
+    let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
+    let err = k::scan_fwd(
+        &gpu,
+        &warp,
+        &s.acts.q,
+        &s.acts.k,
+        &la.proj,
+        scalars,
+        &lw.d,
+        &mut o.y,
+        &mut o.states,
+    )
+    .expect_err("the warp form has no P 64 x N 128 instance");
+    assert!(
+        matches!(
+            err,
+            GpuError::WarpScanShape {
+                headdim: 64,
+                d_state: 128
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("not 64x128"), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn scan_times_at_the_state_tracking_shape() {
+    let gpu = gpu();
+    // One layer of the arithmetic recipe: d_model 128, 16 heads of 16,
+    // N 64, batch 256, rows of 160 tokens.
+    for chunk in [64, 32] {
+        let s = step(&gpu, &cfg(64, 16, chunk, 1), 256, 160, 5);
+        let warp = s.acts.shape;
+        let block = k::Mamba3Shape {
+            scan_form: ScanForm::Block,
+            ..warp
+        };
+        let dy = gpu
+            .to_device(&random(6, warp.rows * warp.d_inner, 1.0))
+            .expect("dy");
+        let mut o = outs(&gpu, &warp, &s);
+        let mut time = |sh: &k::Mamba3Shape, path: Path| {
+            median_ms(&gpu, 10, &mut || run(&gpu, &s, sh, &dy, &mut o, path))
+        };
+        let t_chunk = time(&warp, Path::Chunk);
+        let t_block = time(&block, Path::ScalarF32);
+        let t_warp = time(&warp, Path::ScalarF32);
+        let t_warp16 = time(&warp, Path::ScalarBf16);
+        println!(
+            "B 256, T 160, H 16, P 16, N 64, C {chunk}, one layer's scan forward + backward: \
+             chunk (bf16 tensor cores) {t_chunk:.3} ms, block f32 {t_block:.3} ms, \
+             warp f32 {t_warp:.3} ms, warp with bf16 q/k {t_warp16:.3} ms"
+        );
+        assert!(
+            t_warp < t_block,
+            "the warp form must beat the block form here"
+        );
+    }
+}
