@@ -30,22 +30,23 @@
 
 // Warps (one (row, head) each) per block; kernels/mamba3.rs WARP_SCAN_WARPS.
 #define M3W_WARPS 4
+#define M3W_FULL 0xffffffffu
 
 __device__ __forceinline__ float m3w_sum_n(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(M3W_FULL, v, 1);
+    v += __shfl_xor_sync(M3W_FULL, v, 2);
+    v += __shfl_xor_sync(M3W_FULL, v, 4);
     return v;
 }
 
 __device__ __forceinline__ float m3w_sum_p(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 8);
-    v += __shfl_xor_sync(0xffffffffu, v, 16);
+    v += __shfl_xor_sync(M3W_FULL, v, 8);
+    v += __shfl_xor_sync(M3W_FULL, v, 16);
     return v;
 }
 
-// NN consecutive q/k values from a 4-element-aligned address (the wrapper
-// checks the buffers' alignment; rows are N = 8 NN long).
+// NN consecutive q/k values from a 16-byte (f32) or 8-byte (bf16) aligned
+// address: the wrapper checks the buffers, and rows are N = 8 NN long.
 template <int NN>
 __device__ __forceinline__ void m3w_load(const float* __restrict__ p, float (&v)[NN]) {
 #pragma unroll
@@ -63,12 +64,10 @@ __device__ __forceinline__ void m3w_load(const __nv_bfloat16* __restrict__ p, fl
 #pragma unroll
     for (int j = 0; j < NN; j += 4) {
         const uint2 x = *reinterpret_cast<const uint2*>(p + j);
-        const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&x.x);
-        const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&x.y);
-        v[j] = __low2float(lo);
-        v[j + 1] = __high2float(lo);
-        v[j + 2] = __low2float(hi);
-        v[j + 3] = __high2float(hi);
+        v[j] = __uint_as_float(x.x << 16);
+        v[j + 1] = __uint_as_float(x.x & 0xffff0000u);
+        v[j + 2] = __uint_as_float(x.y << 16);
+        v[j + 3] = __uint_as_float(x.y & 0xffff0000u);
     }
 }
 
@@ -80,16 +79,80 @@ __device__ __forceinline__ void m3w_store(float* __restrict__ p, const float (&v
     }
 }
 
-// One token's operands for this lane. Loaded one token ahead of their use,
-// so the global loads overlap the previous token's arithmetic.
-template <int PP, int NN>
-struct M3wTok {
-    float q[NN], k[NN];   // k unscaled: k~ = sc k
-    float v[PP], dy[PP];
+// Lane ng == i writes element i of its lane group's PP values (PP <= 8), so
+// a token's P outputs leave from P different lanes.
+template <int PP>
+__device__ __forceinline__ void m3w_store_p(float* __restrict__ p, const float (&v)[PP], unsigned ng) {
+#pragma unroll
+    for (int i = 0; i < PP; ++i) {
+        if (ng == (unsigned)i) {
+            p[i] = v[i];
+        }
+    }
+}
+
+// The per-token scalars of one group of 32 tokens, lane l holding token
+// base + l's: raw loads for the next group are issued when a group starts,
+// so their latency is spent on the 32 tokens before their use, and each
+// token's decay, skip weight and key scale reach the warp as three
+// shuffles instead of six loads and an expf on every lane.
+struct M3wRaw {
+    float adt, lam, dt, qkr, dtn, lamn;
+};
+
+struct M3wScal {
     float a, dg, sc;
 };
 
-// Where this lane's warp works: the (row, head) pair and the lane's tile.
+__device__ __forceinline__ void m3w_raw_load(M3wRaw& r, const float* __restrict__ dt,
+                                             const float* __restrict__ adt, const float* __restrict__ lam,
+                                             const float* __restrict__ qk_raw, unsigned base, unsigned lane,
+                                             unsigned b, unsigned h, const M3Dims& d) {
+    const unsigned t = base + lane;
+    r = M3wRaw{0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 1.0f};
+    if (t < d.len) {
+        const unsigned long long rh = ((unsigned long long)b * d.len + t) * d.nheads + h;
+        r.adt = adt[rh];
+        r.lam = lam[rh];
+        r.dt = dt[rh];
+        r.qkr = qk_raw[rh];
+        if (t + 1 < d.len) {
+            r.dtn = dt[rh + d.nheads];
+            r.lamn = lam[rh + d.nheads];
+        }
+    }
+}
+
+// a = e^{adt}, dg = D + lam dt qk_raw, scale = lam dt + dt' (1 - lam') with
+// the next token's dt' and lam' (none after the last: 0 x (1 - 1) adds 0).
+__device__ __forceinline__ M3wScal m3w_scal(const M3wRaw& r, float dskip_h) {
+    const float s = r.lam * r.dt;
+    return M3wScal{expf(r.adt), fmaf(s, r.qkr, dskip_h), s + r.dtn * (1.0f - r.lamn)};
+}
+
+__device__ __forceinline__ M3wScal m3w_bcast(const M3wScal& g, unsigned t) {
+    const int src = (int)(t % 32);
+    return M3wScal{__shfl_sync(M3W_FULL, g.a, src), __shfl_sync(M3W_FULL, g.dg, src),
+                   __shfl_sync(M3W_FULL, g.sc, src)};
+}
+
+// One token's vector operands for this lane, fetched one token ahead.
+template <int PP, int NN>
+struct M3wTok {
+    float q[NN], k[NN];   // k unscaled: k~ = scale k
+    float v[PP];
+};
+
+// Where this lane reads and writes token t: pointers into row (b, t),
+// advanced a token at a time rather than recomputed from the row index.
+template <typename TQK>
+struct M3wPtrs {
+    const TQK* q;
+    const TQK* k;
+    const float* v;    // proj's x columns
+    float* y;
+};
+
 struct M3wLane {
     unsigned bh, b, h, pg, ng, lane;
 };
@@ -105,8 +168,149 @@ __device__ __forceinline__ M3wLane m3w_lane(const M3Dims& d) {
     return w;
 }
 
+template <typename TQK>
+__device__ __forceinline__ void m3w_advance(M3wPtrs<TQK>& p, const M3Dims& d) {
+    const unsigned long long hn = (unsigned long long)d.nheads * d.d_state;
+    p.q += hn;
+    p.k += hn;
+    p.v += d.width;
+    p.y += d.d_inner;
+}
+
 template <typename TQK, int PP, int NN>
-__device__ __forceinline__ void m3w_fetch(M3wTok<PP, NN>& o, const TQK* __restrict__ q, const TQK* __restrict__ k,
+__device__ __forceinline__ void m3w_fetch(M3wTok<PP, NN>& o, const M3wPtrs<TQK>& p) {
+    m3w_load<NN>(p.q, o.q);
+    m3w_load<NN>(p.k, o.k);
+#pragma unroll
+    for (int i = 0; i < PP; ++i) {
+        o.v[i] = p.v[i];
+    }
+}
+
+template <int PP, int NN>
+__device__ __forceinline__ void m3w_zero(float (&s)[PP][NN]) {
+#pragma unroll
+    for (int i = 0; i < PP; ++i) {
+#pragma unroll
+        for (int j = 0; j < NN; ++j) {
+            s[i][j] = 0.0f;
+        }
+    }
+}
+
+// One forward token: store the state entering a chunk, y_t = a D q + dg v
+// (D = S_{t-1}), then S <- a S + v (sc k)^T.
+template <int PP, int NN>
+__device__ __forceinline__ void m3w_fwd_token(float (&s)[PP][NN], const M3wTok<PP, NN>& o, const M3wScal& c,
+                                              float* y, float*& st, unsigned& into_chunk, const M3wLane& w,
+                                              const M3Dims& d) {
+    if (into_chunk == 0) {
+#pragma unroll
+        for (int i = 0; i < PP; ++i) {
+            m3w_store<NN>(st + (unsigned long long)i * d.d_state, s[i]);
+        }
+        st += (unsigned long long)d.headdim * d.d_state;
+    }
+    if (++into_chunk == d.chunk) {
+        into_chunk = 0;
+    }
+    float out[PP];
+#pragma unroll
+    for (int i = 0; i < PP; ++i) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NN; ++j) {
+            acc = fmaf(s[i][j], o.q[j], acc);
+        }
+        out[i] = fmaf(c.a, m3w_sum_n(acc), c.dg * o.v[i]);
+    }
+    m3w_store_p<PP>(y, out, w.ng);
+    float ks[NN];
+#pragma unroll
+    for (int j = 0; j < NN; ++j) {
+        ks[j] = c.sc * o.k[j];
+    }
+#pragma unroll
+    for (int i = 0; i < PP; ++i) {
+#pragma unroll
+        for (int j = 0; j < NN; ++j) {
+            s[i][j] = fmaf(c.a, s[i][j], o.v[i] * ks[j]);
+        }
+    }
+}
+
+// The forward walk: operands fetched one token ahead into the other of two
+// buffers (no copy between them), the group scalars refreshed every 32
+// tokens.
+template <typename TQK, int PP, int NN>
+__device__ void m3w_fwd(const TQK* __restrict__ q, const TQK* __restrict__ k, const float* __restrict__ proj,
+                        const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
+                        const float* __restrict__ qk_raw, const float* __restrict__ dskip, float* __restrict__ y,
+                        float* __restrict__ states, const M3Dims& d) {
+    const M3wLane w = m3w_lane(d);
+    if (w.bh >= d.batch * d.nheads || d.len == 0) {
+        return;
+    }
+    const unsigned n = d.len;
+    const float dskip_h = dskip[w.h];
+    float s[PP][NN];
+    m3w_zero(s);
+    float* st = states + ((unsigned long long)w.bh * d.nchunks * d.headdim + w.pg * PP) * d.d_state + w.ng * NN;
+    unsigned into_chunk = 0;
+    const unsigned long long r0 = (unsigned long long)w.b * n;
+    const unsigned long long qk0 = (r0 * d.nheads + w.h) * d.d_state + w.ng * NN;
+    const unsigned long long col = (unsigned long long)w.h * d.headdim + w.pg * PP;
+    M3wPtrs<TQK> at{q + qk0, k + qk0, proj + r0 * d.width + d.off_x + col, y + r0 * d.d_inner + col};
+    M3wPtrs<TQK> ahead = at;
+    M3wRaw raw;
+    m3w_raw_load(raw, dt, adt, lam, qk_raw, 0, w.lane, w.b, w.h, d);
+    M3wScal group = m3w_scal(raw, dskip_h);
+    if (32 < n) {
+        m3w_raw_load(raw, dt, adt, lam, qk_raw, 32, w.lane, w.b, w.h, d);
+    }
+    M3wTok<PP, NN> x0, x1;
+    m3w_fetch<TQK, PP, NN>(x0, ahead);
+    for (unsigned t = 0; t < n; t += 2) {
+        // Token t is in x0; token t + 1 goes to x1, token t + 2 to x0.
+        if (t + 1 < n) {
+            m3w_advance(ahead, d);
+            m3w_fetch<TQK, PP, NN>(x1, ahead);
+        }
+        if (t % 32 == 0 && t > 0) {
+            group = m3w_scal(raw, dskip_h);
+            if (t + 32 < n) {
+                m3w_raw_load(raw, dt, adt, lam, qk_raw, t + 32, w.lane, w.b, w.h, d);
+            }
+        }
+        m3w_fwd_token(s, x0, m3w_bcast(group, t), at.y, st, into_chunk, w, d);
+        m3w_advance(at, d);
+        if (t + 1 >= n) {
+            break;
+        }
+        if (t + 2 < n) {
+            m3w_advance(ahead, d);
+            m3w_fetch<TQK, PP, NN>(x0, ahead);
+        }
+        m3w_fwd_token(s, x1, m3w_bcast(group, t + 1), at.y, st, into_chunk, w, d);
+        m3w_advance(at, d);
+    }
+}
+
+// The backward pass walks token by token too, but each token's scalars are
+// loaded and computed on every lane, one token ahead with its vectors
+// (m3w_fetch_s), and its addresses recomputed from the row index: written
+// like the forward walk (group scalars, moving pointers, two buffers), its
+// two walks measured slower on the H200, the bf16 one by a fifth
+// (BENCHMARKS.md, "a warp per head").
+template <int PP, int NN>
+struct M3wTokS {
+    float q[NN], k[NN];   // k unscaled: k~ = sc k
+    float v[PP], dy[PP];
+    float a, dg, sc;
+};
+
+template <typename TQK, int PP, int NN>
+__device__ __forceinline__ void m3w_fetch_s(M3wTokS<PP, NN>& o, const TQK* __restrict__ q, const TQK* __restrict__ k,
                                           const float* __restrict__ proj, const float* __restrict__ dt,
                                           const float* __restrict__ adt, const float* __restrict__ lam,
                                           const float* __restrict__ qk_raw, const float* __restrict__ dy,
@@ -138,79 +342,6 @@ __device__ __forceinline__ void m3w_fetch(M3wTok<PP, NN>& o, const TQK* __restri
     }
 }
 
-// Lane ng == i writes element i of this lane group's PP values (PP <= 8), so
-// a token's P outputs leave from P different lanes.
-template <int PP>
-__device__ __forceinline__ void m3w_store_p(float* __restrict__ p, const float (&v)[PP], unsigned ng) {
-#pragma unroll
-    for (int i = 0; i < PP; ++i) {
-        if (ng == (unsigned)i) {
-            p[i] = v[i];
-        }
-    }
-}
-
-template <typename TQK, int PP, int NN>
-__device__ void m3w_fwd(const TQK* __restrict__ q, const TQK* __restrict__ k, const float* __restrict__ proj,
-                        const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
-                        const float* __restrict__ qk_raw, const float* __restrict__ dskip, float* __restrict__ y,
-                        float* __restrict__ states, const M3Dims& d) {
-    const M3wLane w = m3w_lane(d);
-    if (w.bh >= d.batch * d.nheads || d.len == 0) {
-        return;
-    }
-    const float dskip_h = dskip[w.h];
-    float s[PP][NN];
-#pragma unroll
-    for (int i = 0; i < PP; ++i) {
-#pragma unroll
-        for (int j = 0; j < NN; ++j) {
-            s[i][j] = 0.0f;
-        }
-    }
-    M3wTok<PP, NN> cur, nxt;
-    m3w_fetch<TQK, PP, NN>(cur, q, k, proj, dt, adt, lam, qk_raw, nullptr, dskip_h, w, 0, d);
-    for (unsigned t = 0; t < d.len; ++t) {
-        if (t + 1 < d.len) {
-            m3w_fetch<TQK, PP, NN>(nxt, q, k, proj, dt, adt, lam, qk_raw, nullptr, dskip_h, w, t + 1, d);
-        }
-        if (t % d.chunk == 0) {
-            float* st = states + (((unsigned long long)w.bh * d.nchunks + t / d.chunk) * d.headdim + w.pg * PP) *
-                                     d.d_state + w.ng * NN;
-#pragma unroll
-            for (int i = 0; i < PP; ++i) {
-                m3w_store<NN>(st + (unsigned long long)i * d.d_state, s[i]);
-            }
-        }
-        float out[PP];
-#pragma unroll
-        for (int i = 0; i < PP; ++i) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NN; ++j) {
-                acc = fmaf(s[i][j], cur.q[j], acc);
-            }
-            out[i] = m3w_sum_n(acc);
-        }
-#pragma unroll
-        for (int i = 0; i < PP; ++i) {
-            out[i] = fmaf(cur.a, out[i], cur.dg * cur.v[i]);
-        }
-        const unsigned long long r = (unsigned long long)w.b * d.len + t;
-        m3w_store_p<PP>(y + r * d.d_inner + w.h * d.headdim + w.pg * PP, out, w.ng);
-#pragma unroll
-        for (int i = 0; i < PP; ++i) {
-#pragma unroll
-            for (int j = 0; j < NN; ++j) {
-                s[i][j] = fmaf(cur.a, s[i][j], cur.v[i] * (cur.sc * cur.k[j]));
-            }
-        }
-        if (t + 1 < d.len) {
-            cur = nxt;
-        }
-    }
-}
-
 template <typename TQK, int PP, int NN>
 __device__ void m3w_bwd(const TQK* __restrict__ q, const TQK* __restrict__ k, const float* __restrict__ proj,
                         const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
@@ -231,12 +362,12 @@ __device__ void m3w_bwd(const TQK* __restrict__ q, const TQK* __restrict__ k, co
             s[i][j] = 0.0f;
         }
     }
-    M3wTok<PP, NN> cur, nxt;
+    M3wTokS<PP, NN> cur, nxt;
     // Forward sweep: dq_t = a_t S_{t-1}^T dy_t, and q_t . dq_t parked in dadt.
-    m3w_fetch<TQK, PP, NN>(cur, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, 0, d);
+    m3w_fetch_s<TQK, PP, NN>(cur, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, 0, d);
     for (unsigned t = 0; t < d.len; ++t) {
         if (t + 1 < d.len) {
-            m3w_fetch<TQK, PP, NN>(nxt, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, t + 1, d);
+            m3w_fetch_s<TQK, PP, NN>(nxt, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, t + 1, d);
         }
         const unsigned long long rh = ((unsigned long long)w.b * d.len + t) * d.nheads + w.h;
         float g[NN];
@@ -279,10 +410,10 @@ __device__ void m3w_bwd(const TQK* __restrict__ q, const TQK* __restrict__ k, co
     }
     float dcs_acc = 0.0f, dd_acc = 0.0f;
     const unsigned last = d.len - 1;
-    m3w_fetch<TQK, PP, NN>(cur, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, last, d);
+    m3w_fetch_s<TQK, PP, NN>(cur, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, last, d);
     for (unsigned t = last + 1; t-- > 0;) {
         if (t > 0) {
-            m3w_fetch<TQK, PP, NN>(nxt, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, t - 1, d);
+            m3w_fetch_s<TQK, PP, NN>(nxt, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, t - 1, d);
         }
         const unsigned long long r = (unsigned long long)w.b * d.len + t;
         const unsigned long long rh = r * d.nheads + w.h;
