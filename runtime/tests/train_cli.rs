@@ -225,6 +225,31 @@ fn a_resumed_run_keeps_its_chunk_size() {
     );
 }
 
+#[test]
+fn a_resumed_run_keeps_its_dt_init() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        tiny(
+            &["--run-dir", "r", "--steps", "2", "--dt-init", "0.02,0.05"],
+            dir.path()
+        )
+        .status
+        .success()
+    );
+    let config = dir.path().join("r/checkpoints/step-00000002/config.json");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).expect("config.json"))
+            .expect("config.json parses");
+    assert_eq!(config["ssm_cfg"]["dt_min"], 0.02, "{config}");
+    assert_eq!(config["ssm_cfg"]["dt_max"], 0.05, "{config}");
+    let out = tiny(&["--resume", "r", "--dt-init", "0.01,0.1"], dir.path());
+    usage_error(
+        &out,
+        "--dt-init: the run being resumed has `--dt-init 0.02,0.05`, this command says \
+         `--dt-init 0.01,0.1`",
+    );
+}
+
 /// The training losses a run logged, in step order.
 fn losses(run: &Path) -> Vec<f64> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
@@ -281,6 +306,10 @@ fn usage_errors_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     usage_error(&tiny(&["--batch", "0"], dir.path()), "--batch");
     usage_error(&tiny(&["--chunk-size", "0"], dir.path()), "--chunk-size");
+    usage_error(
+        &tiny(&["--dt-init", "0.1,0.01"], dir.path()),
+        "--dt-init <MIN,MAX>': MIN 0.1 is above MAX 0.01",
+    );
     usage_error(&tiny(&["--task", "sorting"], dir.path()), "sorting");
     let mqar = ["--task", "mqar", "--eval-lens", "99"];
     usage_error(

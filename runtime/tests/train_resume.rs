@@ -12,8 +12,8 @@ use stepgraph::train::checkpoint::{self, TrainState};
 use stepgraph::train::data::{DataSpec, Task};
 use stepgraph::train::report::ProgressMode;
 use stepgraph::train::{
-    Decay, Device, EngineState, ModelSize, Resume, Rotation, RunConfig, RunStatus, Setting, Stop,
-    TrainError, TrainOptions, train,
+    Decay, Device, DtInit, EngineState, ModelSize, Resume, Rotation, RunConfig, RunStatus, Setting,
+    Stop, TrainError, TrainOptions, train,
 };
 
 fn run_config(steps: u64) -> RunConfig {
@@ -36,6 +36,7 @@ fn run_config(steps: u64) -> RunConfig {
             a_activation: AActivation::HeavyTail,
             outproj_norm: false,
             chunk_size: 64,
+            dt_init: DtInit::default(),
         },
         device: Device::Cpu,
         precision: Precision::F32,

@@ -437,8 +437,8 @@ fn write_files(
         let r = recipe::recipe_with(t, opts.quick, &opts.overrides);
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
-             --eval-lens {},{} --curriculum {}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {}`, \
-             d_state {}, softplus A, AdamW beta2 {} (`--beta2`), weight decay 0.1 on the \
+             --eval-lens {},{} --curriculum {}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
+             --dt-init {}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`), weight decay 0.1 on the \
              embedding and out_proj only (`--decay outputs`), clip 1, scan chunk {} \
              (`--chunk-size`)\n",
             recipe::column(t),
@@ -460,6 +460,7 @@ fn write_files(
             r.lr,
             r.min_lr,
             r.warmup,
+            r.dt_init,
             recipe::d_state(opts.quick),
             recipe::BETA2,
             recipe::chunk_size(opts.precision),

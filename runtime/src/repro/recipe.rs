@@ -14,7 +14,7 @@
 use crate::Precision;
 use crate::mamba3::AActivation;
 use crate::train::data::{DataSpec, Task};
-use crate::train::{DEFAULT_CHUNK_SIZE, Decay, Device, ModelSize, Rotation, RunConfig};
+use crate::train::{DEFAULT_CHUNK_SIZE, Decay, Device, DtInit, ModelSize, Rotation, RunConfig};
 
 /// The table's three columns, in the paper's order.
 pub const TASKS: [Task; 3] = [Task::Parity, Task::ModarithPrec, Task::ModarithBrackets];
@@ -90,6 +90,8 @@ pub struct Recipe {
     pub warmup: u64,
     /// Evaluation (and dynamics probe) cadence.
     pub eval_every: u64,
+    /// The initial `dt` range (the official 0.001-0.1 unless overridden).
+    pub dt_init: DtInit,
 }
 
 /// The scan's chunk length for a table in `precision`: the same math at
@@ -136,6 +138,7 @@ fn arithmetic(task: Task) -> Recipe {
         min_lr: 1e-5,
         warmup: 1000,
         eval_every: 1000,
+        dt_init: DtInit::default(),
     }
 }
 
@@ -160,6 +163,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             min_lr: 1e-5,
             warmup: 30,
             eval_every: 500,
+            dt_init: DtInit::default(),
         },
         // 80 operands: rows of 2 * 80 + 1 = 161 tokens; 128: 257.
         Task::ModarithPrec | Task::Modarith => Recipe {
@@ -215,6 +219,10 @@ pub struct Overrides {
     /// The curriculum's loss gate. Absent from tables written before it.
     #[serde(default)]
     pub curriculum_gate: Option<f64>,
+    /// The initial `dt` range (`--dt-init`). Absent from tables written
+    /// before it.
+    #[serde(default)]
+    pub dt_init: Option<DtInit>,
 }
 
 impl Overrides {
@@ -241,6 +249,7 @@ impl Overrides {
             d_model: self.d_model.unwrap_or(r.d_model),
             headdim: self.headdim.unwrap_or(r.headdim),
             curriculum_gate: self.curriculum_gate.unwrap_or(r.curriculum_gate),
+            dt_init: self.dt_init.unwrap_or(r.dt_init),
             ..r
         }
     }
@@ -295,6 +304,7 @@ impl Recipe {
                 a_activation: AActivation::Softplus,
                 outproj_norm: false,
                 chunk_size: chunk_size(precision),
+                dt_init: self.dt_init,
             },
             device,
             precision,
@@ -384,9 +394,15 @@ mod tests {
             d_model: Some(64),
             headdim: Some(32),
             curriculum_gate: Some(0.5),
+            dt_init: Some(DtInit {
+                min: 0.01,
+                max: 0.2,
+            }),
         };
         let r = o.apply(base.clone());
         assert_eq!(r.curriculum_gate, 0.5);
+        assert_eq!((r.dt_init.min, r.dt_init.max), (0.01, 0.2));
+        assert_eq!(base.dt_init, DtInit::default(), "the official range");
         assert_eq!(
             (r.steps, r.curriculum, r.batch, r.d_model, r.headdim),
             (100, 7, 256, 64, 32)
@@ -399,6 +415,7 @@ mod tests {
         for rotation in ROTATIONS {
             let run = r.run(rotation, 1, Precision::F32, Device::Cpu, false);
             validate(&run).unwrap();
+            assert_eq!(run.model.dt_init, r.dt_init, "the run takes the range");
             model_config(run.model, vocab_of(&run.data)).unwrap();
         }
     }

@@ -195,10 +195,69 @@ pub struct ModelSize {
     /// it was a setting trained with the official 64.
     #[serde(default = "default_chunk_size")]
     pub chunk_size: usize,
+    /// The range `dt` is drawn from at initialisation (`--dt-init`; the
+    /// official `dt_min` / `dt_max`, log-uniform per head). Runs saved
+    /// before it was a setting used the official range.
+    #[serde(default)]
+    pub dt_init: DtInit,
 }
 
 fn default_chunk_size() -> usize {
     DEFAULT_CHUNK_SIZE
+}
+
+/// The initial `dt` range of every head (`dt_bias` = softplus^-1 of a
+/// log-uniform draw in `[min, max]`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DtInit {
+    /// Smallest initial `dt` (`ssm_cfg.dt_min`).
+    pub min: f64,
+    /// Largest initial `dt` (`ssm_cfg.dt_max`).
+    pub max: f64,
+}
+
+/// Both bounds are validated finite and positive before a run starts
+/// (`model_config`), so equality is reflexive on every value a run holds.
+impl Eq for DtInit {}
+
+impl Default for DtInit {
+    /// The official range, 0.001 to 0.1.
+    fn default() -> Self {
+        let c = Mamba3Config::default();
+        Self {
+            min: c.dt_min,
+            max: c.dt_max,
+        }
+    }
+}
+
+impl fmt::Display for DtInit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{},{}", self.min, self.max)
+    }
+}
+
+impl std::str::FromStr for DtInit {
+    type Err = String;
+
+    /// `MIN,MAX`, two positive numbers with MIN <= MAX (`0.01,0.1`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, b) = s
+            .split_once(',')
+            .ok_or_else(|| format!("expected MIN,MAX (e.g. 0.01,0.1), got `{s}`"))?;
+        let num = |t: &str| {
+            t.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .ok_or_else(|| format!("`{t}` is not a positive number"))
+        };
+        let (min, max) = (num(a)?, num(b)?);
+        if max < min {
+            return Err(format!("MIN {min} is above MAX {max}"));
+        }
+        Ok(Self { min, max })
+    }
 }
 
 /// `AActivation` as its `config.json` name (`heavy_tail`, `softplus`).
@@ -293,6 +352,7 @@ pub enum Setting {
     AActivation,
     OutprojNorm,
     ChunkSize,
+    DtInit,
     Device,
     Precision,
     Batch,
@@ -330,7 +390,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 36] = [
+    pub const ALL: [Setting; 37] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -351,6 +411,7 @@ impl Setting {
         Self::AActivation,
         Self::OutprojNorm,
         Self::ChunkSize,
+        Self::DtInit,
         Self::Device,
         Self::Precision,
         Self::Batch,
@@ -392,6 +453,7 @@ impl Setting {
             Self::AActivation => "--a-activation",
             Self::OutprojNorm => "--outproj-norm",
             Self::ChunkSize => "--chunk-size",
+            Self::DtInit => "--dt-init",
             Self::Device => "--device",
             Self::Precision => "--precision",
             Self::Batch => "--batch",
@@ -490,6 +552,7 @@ impl Setting {
             ),
             (Self::OutprojNorm, _) => switch(m.outproj_norm),
             (Self::ChunkSize, _) => with(m.chunk_size.to_string()),
+            (Self::DtInit, _) => with(m.dt_init.to_string()),
             (Self::Device, _) => with(cfg.device.name().into()),
             (Self::Precision, _) => with(cfg.precision.name().into()),
             (Self::Batch, _) => with(cfg.batch.to_string()),
@@ -727,6 +790,8 @@ pub fn model_config(size: ModelSize, vocab: usize) -> Result<Mamba3Config, Train
         rope_angles: size.rotation.angles(),
         is_outproj_norm: size.outproj_norm,
         chunk_size: size.chunk_size,
+        dt_min: size.dt_init.min,
+        dt_max: size.dt_init.max,
         ..Mamba3Config::default()
     };
     cfg.validate().map_err(|e| flag_error(&size, e))?;
@@ -746,6 +811,7 @@ fn flag_error(size: &ModelSize, e: ConfigError) -> TrainError {
         "ssm_cfg.expand" => "--expand",
         "ssm_cfg.headdim" => "--headdim",
         "ssm_cfg.chunk_size" => "--chunk-size",
+        "ssm_cfg.dt_min" | "ssm_cfg.dt_max" => "--dt-init",
         _ => return TrainError::Config(e),
     };
     let reason = match flag {
@@ -795,6 +861,65 @@ mod tests {
         let size: super::ModelSize = serde_json::from_str(saved).unwrap();
         assert_eq!(size.chunk_size, super::DEFAULT_CHUNK_SIZE);
         assert_eq!(super::DEFAULT_CHUNK_SIZE, 64, "the official default");
+        assert_eq!(
+            size.dt_init,
+            super::DtInit {
+                min: 0.001,
+                max: 0.1
+            },
+            "the official range"
+        );
+    }
+
+    #[test]
+    fn dt_init_reads_min_max_and_refuses_anything_else() {
+        let ok: super::DtInit = "0.01,0.1".parse().unwrap();
+        assert_eq!((ok.min, ok.max), (0.01, 0.1));
+        assert_eq!(ok.to_string(), "0.01,0.1", "prints as it parses");
+        assert_eq!("0.05, 0.05".parse::<super::DtInit>().unwrap().max, 0.05);
+        for (bad, says) in [
+            ("0.1", "expected MIN,MAX"),
+            ("0.1,0.01", "MIN 0.1 is above MAX 0.01"),
+            ("0,0.1", "`0` is not a positive number"),
+            ("0.01,inf", "`inf` is not a positive number"),
+            ("a,0.1", "`a` is not a positive number"),
+        ] {
+            let e = bad.parse::<super::DtInit>().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_dt_init_range_reaches_the_model_and_its_initial_weights() {
+        let size = super::ModelSize {
+            dt_init: super::DtInit {
+                min: 0.02,
+                max: 0.05,
+            },
+            ..a_run().model
+        };
+        let cfg = super::model_config(size, 4).unwrap();
+        assert_eq!((cfg.dt_min, cfg.dt_max), (0.02, 0.05));
+        let w = crate::mamba3::cpu::Weights::<f64>::init(&cfg, 3).unwrap();
+        for l in &w.layers {
+            for &b in &l.dt_bias {
+                let dt = b.exp().ln_1p();
+                assert!((0.02 - 1e-12..=0.05 + 1e-12).contains(&dt), "{dt}");
+            }
+        }
+        // A range the model refuses is reported against the flag.
+        let e = super::model_config(
+            super::ModelSize {
+                dt_init: super::DtInit {
+                    min: 0.1,
+                    max: 0.01,
+                },
+                ..size
+            },
+            4,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("--dt-init"), "{e}");
     }
 
     #[test]
@@ -831,6 +956,7 @@ mod tests {
                 a_activation: crate::mamba3::AActivation::Softplus,
                 outproj_norm: false,
                 chunk_size: super::DEFAULT_CHUNK_SIZE,
+                dt_init: super::DtInit::default(),
             },
             device: super::Device::Cpu,
             precision: crate::Precision::F32,

@@ -16,6 +16,21 @@ use stepgraph::step::F32Step;
 
 use super::oracle::random_f32_step;
 
+/// One layer at d_model 128 (expand 2) with the given head shape, chunk and
+/// groups: the configs the scan comparisons draw their cases from.
+pub fn layer_cfg(d_state: usize, headdim: usize, chunk: usize, ngroups: usize) -> Mamba3Config {
+    Mamba3Config {
+        d_model: 128,
+        n_layer: 1,
+        vocab_size: 64,
+        d_state,
+        headdim,
+        chunk_size: chunk,
+        ngroups,
+        ..Mamba3Config::default()
+    }
+}
+
 /// A random f32 step of `cfg` after its forward pass.
 pub fn step(gpu: &Gpu, cfg: &Mamba3Config, batch: usize, len: usize, seed: u64) -> F32Step {
     let mut s = random_f32_step(gpu, cfg, batch, len, seed);
@@ -221,6 +236,44 @@ pub fn grads(gpu: &Gpu, o: &Outs) -> Vec<(&'static str, Vec<f32>)> {
     .into_iter()
     .map(|(name, b)| (name, host(gpu, b)))
     .collect()
+}
+
+/// Every output of a run of `path` by name: y, the chunk states, the
+/// gradients and dL/dD summed from its partials (one per row and chunk for
+/// the chunk scan, one per row for the scalar forms).
+pub fn outputs(gpu: &Gpu, o: &Outs, sh: &Mamba3Shape, path: Path) -> Vec<(&'static str, Vec<f32>)> {
+    let n = kc::state_elems(sh);
+    let (states, dd_rows) = if path == Path::Chunk {
+        (host16(gpu, &o.states16), sh.batch * sh.nchunks)
+    } else {
+        (host(gpu, &o.states), sh.batch)
+    };
+    let mut v = vec![("y", host(gpu, &o.y)), ("states", states[..n].to_vec())];
+    v.extend(grads(gpu, o));
+    v.push(("dD", dskip(gpu, &o.dskip_part, dd_rows, sh.nheads)));
+    v
+}
+
+/// Holds every output of one run to the other's (`rel < rel_max` and
+/// `cos > cos_min`), printing each comparison under `label`, and folds the
+/// worst relative error and cosine into `worst`.
+pub fn check(
+    label: &str,
+    got: &[(&'static str, Vec<f32>)],
+    want: &[(&'static str, Vec<f32>)],
+    (rel_max, cos_min): (f64, f64),
+    worst: &mut (f64, f64),
+) {
+    println!("{label}");
+    for ((name, x), (_, y)) in got.iter().zip(want) {
+        let (rel, cos) = compare(x, y);
+        println!("  {name:<12} rel {rel:.2e}  cos {cos:.9}");
+        *worst = (worst.0.max(rel), worst.1.min(cos));
+        assert!(
+            rel < rel_max && cos > cos_min,
+            "{label} {name}: rel {rel:.3e} cos {cos:.9}"
+        );
+    }
 }
 
 /// Median wall time of `f` over `reps` calls after one warm-up, in ms.

@@ -16,7 +16,7 @@ use stepgraph::repro::{
     ReproError, ReproOptions, ReproReport, merge::merge, resume::resume, state_tracking,
 };
 use stepgraph::train::data::Task;
-use stepgraph::train::{Device, SignalAction, Stop};
+use stepgraph::train::{Device, DtInit, SignalAction, Stop};
 
 use crate::train::{DeviceArg, RotationArg};
 
@@ -96,6 +96,10 @@ struct StArgs {
     /// below this value (`stepgraph train --curriculum-gate`; 0: every step).
     #[arg(long, value_parser = non_negative, allow_negative_numbers = true)]
     curriculum_gate: Option<f64>,
+    /// Range of every head's initial dt instead of the official 0.001,0.1
+    /// (`stepgraph train --dt-init`).
+    #[arg(long, value_name = "MIN,MAX")]
+    dt_init: Option<DtInit>,
     /// Instead of training, merge the output directories of several parts
     /// (comma-separated) into one table in --out.
     #[arg(
@@ -104,7 +108,7 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "jobs", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "d_model", "headdim",
-            "curriculum_gate",
+            "curriculum_gate", "dt_init",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -117,7 +121,7 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
             "steps", "curriculum", "batch", "lr", "d_model", "headdim", "curriculum_gate",
-            "merge", "out",
+            "dt_init", "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -169,6 +173,7 @@ fn options(a: &StArgs) -> ReproOptions {
             d_model: a.d_model,
             headdim: a.headdim,
             curriculum_gate: a.curriculum_gate,
+            dt_init: a.dt_init,
         },
     }
 }

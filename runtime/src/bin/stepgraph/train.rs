@@ -22,8 +22,8 @@ use stepgraph::train::data::{DataFormat, DataSpec, Task};
 use stepgraph::train::report::{ProgressMode, clock, human};
 use stepgraph::train::run::LossWindow;
 use stepgraph::train::{
-    DEFAULT_BETA2, DEFAULT_CHUNK_SIZE, Decay, Device, ModelSize, Resume, Rotation, RunConfig,
-    RunStatus, RunSummary, Setting, SignalAction, Stop, TrainOptions, train,
+    DEFAULT_BETA2, DEFAULT_CHUNK_SIZE, Decay, Device, DtInit, ModelSize, Resume, Rotation,
+    RunConfig, RunStatus, RunSummary, Setting, SignalAction, Stop, TrainOptions, train,
 };
 
 use crate::parse::{at_least_one, at_least_one_u64, non_negative, open_fraction, positive};
@@ -102,6 +102,10 @@ pub struct Args {
     /// has the timings).
     #[arg(long, default_value_t = DEFAULT_CHUNK_SIZE, value_parser = at_least_one)]
     chunk_size: usize,
+    /// Range of every head's initial dt, drawn log-uniform: MIN,MAX (the
+    /// official dt_min, dt_max).
+    #[arg(long, value_name = "MIN,MAX", default_value_t = DtInit::default())]
+    dt_init: DtInit,
     /// Decay map f of A = -max(f(dd_A), A_floor): the official heavy-tail, or the paper's softplus.
     #[arg(long, value_enum, default_value_t = AActArg::HeavyTail)]
     a_activation: AActArg,
@@ -324,6 +328,7 @@ fn run_config(a: &Args) -> RunConfig {
             },
             outproj_norm: a.outproj_norm,
             chunk_size: a.chunk_size,
+            dt_init: a.dt_init,
         },
         device: a.device.into(),
         precision: a.precision,
