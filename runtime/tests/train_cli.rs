@@ -250,6 +250,57 @@ fn a_resumed_run_keeps_its_dt_init() {
     );
 }
 
+#[test]
+fn a_fresh_run_probes_its_initial_dt_before_the_first_step() {
+    let dir = tempfile::tempdir().unwrap();
+    // Step 0's probe reads the initial weights: every head's dt drawn in
+    // the --dt-init range (times the spread softplus(dd_dt + bias) adds).
+    let probe0 = |name: &str, range: &str| {
+        let out = tiny(
+            &[
+                "--device",
+                "cpu",
+                "--log-dynamics",
+                "--run-dir",
+                name,
+                "--dt-init",
+                range,
+            ],
+            dir.path(),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(dir.path().join(name).join("metrics.jsonl")).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        let first = lines.iter().position(|v| v["kind"] == "dynamics").unwrap();
+        assert_eq!(lines[first]["step"], 0, "{}", lines[first]);
+        assert!(
+            lines[..first].iter().all(|v| v["kind"] != "train"),
+            "the step-0 probe comes before any step"
+        );
+        let probes = lines.iter().filter(|v| v["kind"] == "dynamics").count();
+        assert_eq!(probes, 3, "step 0 and the two evaluations (steps 3, 6)");
+        lines[first]["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["dt_mean"].as_f64().unwrap())
+            .collect::<Vec<f64>>()
+    };
+    for dt in probe0("wide", "0.05,0.05") {
+        assert!((0.02..0.12).contains(&dt), "{dt}");
+    }
+    for dt in probe0("narrow", "0.002,0.002") {
+        assert!(dt < 0.006, "{dt}");
+    }
+}
+
 /// The training losses a run logged, in step order.
 fn losses(run: &Path) -> Vec<f64> {
     std::fs::read_to_string(run.join("metrics.jsonl"))

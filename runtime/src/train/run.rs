@@ -699,6 +699,11 @@ fn run_in(
     let mut step = at;
     let mut status = RunStatus::Finished;
     let mut skipped = skipped_before;
+    // A fresh run also probes its initial weights: what the init drew (each
+    // layer's mean dt, say) before any step moved it.
+    if at == 0 && opts.log_dynamics && run.steps > 0 {
+        log_dynamics(engine.as_mut(), &start.cfg, &data, 0, &mut log)?;
+    }
     if step < run.steps {
         let t = Instant::now();
         let first_batch = data.next_batch(run.batch)?;
