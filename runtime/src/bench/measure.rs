@@ -89,8 +89,8 @@ pub fn estimate_bytes(cfg: &Mamba3Config, batch: usize, seq_len: usize, operand_
     let widest = dm.max(di).max(g * n);
     // The chunk scan's backward working memory (bf16 state gradients, and
     // f32 contributions where the one-kernel walk does not take the
-    // shape), allocated whenever the shape could use it.
-    let gstates = if crate::kernels::mamba3_chunk::supported(&sh) {
+    // shape), allocated only for a step that runs the chunk scan.
+    let gstates = if chunk {
         2 * state_elems + 4 * own_elems
     } else {
         0

@@ -320,11 +320,12 @@ pub struct BackwardWork {
     pub dskip_part: DeviceBuffer<f32>,
     /// The chunk scan's f32 working memory (each chunk's own dL/dS
     /// contribution before the reverse walk) `[B, H, nchunks, P, N]` (one
-    /// element when the shape does not need it, see [`kc::own_elems`]).
+    /// element when the step does not run the chunk scan or the shape does
+    /// not need it, see [`kc::own_elems`]).
     pub chunk_own: DeviceBuffer<f32>,
     /// dL/d(state leaving each chunk) in bf16, the chunk scan's backward
-    /// working memory `[B, H, nchunks, P, N]` (one element when the shape
-    /// cannot use it).
+    /// working memory `[B, H, nchunks, P, N]` (one element when the step
+    /// does not run the chunk scan).
     pub gstates: DeviceBuffer<bf16>,
     /// Per-row weight-gradient shares `[rows, max(d_model, d_inner, G N)]`.
     pub contrib: DeviceBuffer<f32>,
@@ -356,11 +357,10 @@ impl BackwardWork {
         let gn = sh.ngroups * sh.d_state;
         let widest = sh.d_model.max(sh.d_inner).max(gn);
         let hn = sh.nheads * sh.d_state;
-        let chunk_states = if kc::supported(&sh) {
-            kc::state_elems(&sh)
-        } else {
-            1
-        };
+        // The chunk scan's backward working memory, only for a step that
+        // runs it (`chunk_scan`: not the f32 step, not the warp scan's heads).
+        let chunk = chunk_scan::<T>(&sh);
+        let chunk_states = if chunk { kc::state_elems(&sh) } else { 1 };
         // The largest column sum: rows (or rows * G) by the widest column set.
         let partials = [
             colsum_partials(sh.rows, sh.d_model),
@@ -393,14 +393,7 @@ impl BackwardWork {
             dqkdot: buf(gpu, sh.per_row(sh.nheads))?,
             dphi: buf(gpu, sh.per_row(sh.nheads * sh.angles))?,
             dskip_part: buf(gpu, Ok(kc::dskip_part_elems(&sh)))?,
-            chunk_own: buf(
-                gpu,
-                Ok(if kc::supported(&sh) {
-                    kc::own_elems(&sh)
-                } else {
-                    1
-                }),
-            )?,
+            chunk_own: buf(gpu, Ok(if chunk { kc::own_elems(&sh) } else { 1 }))?,
             gstates: buf_of(gpu, Ok(chunk_states))?,
             contrib: buf(gpu, sh.per_row(widest))?,
             contrib_c: buf(gpu, sh.per_row(gn))?,
