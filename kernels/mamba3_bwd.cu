@@ -101,11 +101,81 @@ __device__ void gate_bwd(const T* __restrict__ y, const T* __restrict__ proj, co
     }
 }
 
+// The group form of gate_bwd (see gate_fwd_grp in mamba3_fwd.cu): g =
+// headdim / 4 lanes a (row, head), four adjacent values a lane, kept in
+// registers between the norm's butterfly and the second half.
+__device__ void gate_bwd_grp(const float* __restrict__ y, const float* __restrict__ proj,
+                             const float* __restrict__ norm_w, const float* __restrict__ gate_rstd,
+                             const float* __restrict__ d_o, float* __restrict__ dproj, float* __restrict__ dy,
+                             float* __restrict__ contrib, unsigned has_norm, unsigned g, M3Dims d) {
+    const unsigned lane = threadIdx.x % 32, per_warp = 32 / g, j = (lane % g) * 4;
+    const unsigned long long total = (unsigned long long)d.rows * d.nheads;
+    const unsigned long long stride = (unsigned long long)gridDim.x * (SG_BLOCK / 32) * per_warp;
+    for (unsigned long long w0 = ((unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32) * per_warp;
+         w0 < total; w0 += stride) {
+        const unsigned long long w = w0 + lane / g;
+        const bool live = w < total;
+        const unsigned long long row = live ? w / d.nheads : 0;
+        const unsigned h = live ? (unsigned)(w % d.nheads) : 0;
+        const unsigned long long yb = row * d.d_inner + (unsigned long long)h * d.headdim + j;
+        const unsigned long long zb = row * d.width + d.off_z + (unsigned long long)h * d.headdim + j;
+        float yv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, z[4] = {0.0f, 0.0f, 0.0f, 0.0f}, go[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (live) {
+            const float4 a = m3_load4(y + yb), b = m3_load4(proj + zb), c = m3_load4(d_o + yb);
+            yv[0] = a.x, yv[1] = a.y, yv[2] = a.z, yv[3] = a.w;
+            z[0] = b.x, z[1] = b.y, z[2] = b.z, z[3] = b.w;
+            go[0] = c.x, go[1] = c.y, go[2] = c.z, go[3] = c.w;
+        }
+        float sz[4], gz[4], dz[4], dyo[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            m3_silu_both(z[e], sz[e], gz[e]);
+        }
+        if (has_norm) {
+            const float r = live ? gate_rstd[w] : 0.0f;
+            const float* wn = norm_w + (unsigned long long)h * d.headdim + j;
+            float acc = 0.0f, ct[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float dyn = go[e] * sz[e];
+                dz[e] = go[e] * yv[e] * r * wn[e] * gz[e];
+                ct[e] = dyn * yv[e] * r;
+                acc = fmaf(dyn * wn[e], yv[e], acc);
+            }
+            const float c = r * r * r * m3_group_sum(acc, g) / (float)d.headdim;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                dyo[e] = r * wn[e] * go[e] * sz[e] - c * yv[e];
+            }
+            if (live) {
+                m3_store4(contrib + yb, make_float4(ct[0], ct[1], ct[2], ct[3]));
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                dz[e] = go[e] * yv[e] * gz[e];
+                dyo[e] = go[e] * sz[e];
+            }
+        }
+        if (live) {
+            m3_store4(dproj + zb, make_float4(dz[0], dz[1], dz[2], dz[3]));
+            m3_store4(dy + yb, make_float4(dyo[0], dyo[1], dyo[2], dyo[3]));
+        }
+    }
+}
+
+// `lanes` = 0: the warp form; else the group form with that many lanes a
+// head (kernels/mamba3.rs, gate_lanes).
 extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     m3_gate_bwd_f32(const float* __restrict__ y, const float* __restrict__ proj, const float* __restrict__ norm_w,
                     const float* __restrict__ gate_rstd, const float* __restrict__ d_o, float* __restrict__ dproj,
-                    float* __restrict__ dy, float* __restrict__ contrib, unsigned has_norm, M3Dims d) {
-    gate_bwd<float>(y, proj, norm_w, gate_rstd, d_o, dproj, dy, contrib, has_norm, d);
+                    float* __restrict__ dy, float* __restrict__ contrib, unsigned has_norm, unsigned lanes,
+                    M3Dims d) {
+    if (lanes == 0) {
+        gate_bwd<float>(y, proj, norm_w, gate_rstd, d_o, dproj, dy, contrib, has_norm, d);
+    } else {
+        gate_bwd_grp(y, proj, norm_w, gate_rstd, d_o, dproj, dy, contrib, has_norm, lanes, d);
+    }
 }
 
 // One warp per (row, group): the rotation and B/C-norm backward of every
@@ -481,6 +551,38 @@ extern "C" __global__ void __launch_bounds__(M3_ANGLE_THREADS) m3_angle_bwd_f32(
         }
         // The next unit rewrites tot.
         __syncthreads();
+    }
+}
+
+// The serial form of the reverse cumsum (see m3_angle_fwd_serial_f32): one
+// thread per (b, h, angle) walking the window from its end, in double.
+extern "C" __global__ void __launch_bounds__(SG_BLOCK) m3_angle_bwd_serial_f32(float* __restrict__ dphi, M3Dims d) {
+    const unsigned long long hs = (unsigned long long)d.nheads * d.angles;
+    const unsigned long long n = (unsigned long long)d.batch * hs;
+    const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        // i = (b, h, s) with s fastest, so column i of row b starts at b T H S + (i mod H S).
+        const unsigned long long b = i / hs;
+        float* p = dphi + b * d.len * hs + (i - b * hs);
+        // A run of M3_ANGLE_RUN tokens is read before any of it is written
+        // (as in the forward form), so the loads overlap.
+        double acc = 0.0;
+        for (unsigned t1 = d.len; t1 > 0;) {
+            const unsigned n = t1 < M3_ANGLE_RUN ? t1 : M3_ANGLE_RUN;
+            float v[M3_ANGLE_RUN];
+#pragma unroll
+            for (unsigned k = 0; k < M3_ANGLE_RUN; ++k) {
+                v[k] = k < n ? p[(unsigned long long)(t1 - 1 - k) * hs] : 0.0f;
+            }
+#pragma unroll
+            for (unsigned k = 0; k < M3_ANGLE_RUN; ++k) {
+                if (k < n) {
+                    acc += (double)v[k];
+                    p[(unsigned long long)(t1 - 1 - k) * hs] = (float)acc;
+                }
+            }
+            t1 -= n;
+        }
     }
 }
 

@@ -96,6 +96,28 @@ __device__ __forceinline__ void m3_store_pair(__nv_bfloat16* p, float a, float b
     *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
+// Four adjacent values from / to a 16-byte aligned address (an 8-byte one
+// for the bf16 store).
+__device__ __forceinline__ float4 m3_load4(const float* p) {
+    return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ void m3_store4(float* p, float4 v) {
+    *reinterpret_cast<float4*>(p) = v;
+}
+__device__ __forceinline__ void m3_store4(__nv_bfloat16* p, float4 v) {
+    m3_store_pair(p, v.x, v.y);
+    m3_store_pair(p + 2, v.z, v.w);
+}
+
+// Sum over the `g` lanes of an aligned group (g a power of two <= 32, every
+// lane of the warp taking part), the same value on each.
+__device__ __forceinline__ float m3_group_sum(float v, unsigned g) {
+    for (unsigned off = g / 2; off > 0; off /= 2) {
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    }
+    return v;
+}
+
 // Rotates the interleaved pair (a, b) by +phi, given sin and cos of phi.
 __device__ __forceinline__ void m3_rotate(float& a, float& b, float sn, float cs) {
     const float x = fmaf(a, cs, -(b * sn));
@@ -109,6 +131,8 @@ __device__ __forceinline__ void m3_rotate(float& a, float& b, float sn, float cs
 // count (kernels/mamba3.rs, ANGLE_THREADS).
 #define M3_ANGLE_THREADS 1024
 #define M3_ANGLE_SEGS (M3_ANGLE_THREADS / 32)
+// Tokens the serial angle kernels load ahead of their first store.
+#define M3_ANGLE_RUN 16
 
 // This thread's place in an angle kernel: its lane (angle within a tile of
 // 32), its time segment [t0, t1), and the number of (b, h, angle tile)

@@ -165,6 +165,55 @@ extern "C" __global__ void __launch_bounds__(M3_ANGLE_THREADS)
     }
 }
 
+// The same cumsum with one thread per (b, h, angle) walking the whole
+// window: for short windows and many (b, h, angle) (the state-tracking
+// models: T 161, 65536 threads at batch 256), where the segmented form's
+// 1024-thread blocks, half their lanes idle at S 16, spend more time on the
+// barrier and the carry than on the sums (kernels/mamba3.rs, AngleForm).
+// Consecutive threads take consecutive angles, then heads, so a warp's
+// stores of phi are contiguous; dt is a broadcast, theta is shared by the
+// heads through L1. The same double sum and wrap as the segmented form;
+// only the order of the double additions differs.
+extern "C" __global__ void __launch_bounds__(SG_BLOCK)
+    m3_angle_fwd_serial_f32(const float* __restrict__ dt, const float* __restrict__ theta,
+                            float* __restrict__ phi, M3Dims d) {
+    const double two_pi = 6.283185307179586476925;
+    const unsigned long long hs = (unsigned long long)d.nheads * d.angles;
+    const unsigned long long n = (unsigned long long)d.batch * hs;
+    const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        const unsigned s = (unsigned)(i % d.angles);
+        const unsigned long long bh = i / d.angles;
+        const unsigned h = (unsigned)(bh % d.nheads);
+        const unsigned long long row0 = (bh / d.nheads) * d.len;
+        const float* dp = dt + row0 * d.nheads + h;
+        const float* tp = theta + row0 * d.angles + s;
+        float* pp = phi + row0 * hs + (unsigned long long)h * d.angles + s;
+        // The loads of M3_ANGLE_RUN tokens are issued before any of their
+        // stores: the compiler cannot tell the stores from the later loads
+        // apart (the strides are run-time values), so a plain loop waits
+        // out one load latency a token.
+        double acc = 0.0;
+        for (unsigned t0 = 0; t0 < d.len; t0 += M3_ANGLE_RUN) {
+            float a[M3_ANGLE_RUN], th[M3_ANGLE_RUN];
+#pragma unroll
+            for (unsigned k = 0; k < M3_ANGLE_RUN; ++k) {
+                const unsigned long long t = t0 + k;
+                a[k] = t < d.len ? dp[t * d.nheads] : 0.0f;
+                th[k] = t < d.len ? tp[t * d.angles] : 0.0f;
+            }
+#pragma unroll
+            for (unsigned k = 0; k < M3_ANGLE_RUN; ++k) {
+                const unsigned long long t = t0 + k;
+                if (t < d.len) {
+                    acc += (double)a[k] * (double)th[k];
+                    pp[t * hs] = (float)(acc - two_pi * floor(acc / two_pi));
+                }
+            }
+        }
+    }
+}
+
 // Standard RoPE, the rotation ablation with input-independent angles:
 // phi[row, h, s] = ((t + 1) omega_s) mod 2 pi, omega_s = base^(-s / S),
 // t = row % T. It is m3_angle_fwd_f32's cumsum with every dt_t theta_t
@@ -440,17 +489,72 @@ __device__ void gate_fwd(const T* __restrict__ y, const T* __restrict__ proj, co
     }
 }
 
+// The same gate with `g` = headdim / 4 lanes a (row, head), four adjacent
+// values a lane, when g is a power of two up to 32 and every row's y, z and
+// o start 16-byte aligned (kernels/mamba3.rs, gate_lanes decides): at
+// headdim 16 a warp serves eight heads with 16-byte loads where the warp
+// form serves one with half its lanes. The norm's sum is a butterfly over
+// the group. The loop bound is the warp's first unit, so every lane reaches
+// the shuffles.
+template <typename TO>
+__device__ void gate_fwd_grp(const float* __restrict__ y, const float* __restrict__ proj,
+                             const float* __restrict__ norm_w, TO* __restrict__ o, float* __restrict__ gate_rstd,
+                             unsigned has_norm, unsigned g, M3Dims d) {
+    const unsigned lane = threadIdx.x % 32, per_warp = 32 / g, j = (lane % g) * 4;
+    const unsigned long long total = (unsigned long long)d.rows * d.nheads;
+    const unsigned long long stride = (unsigned long long)gridDim.x * (SG_BLOCK / 32) * per_warp;
+    for (unsigned long long w0 = ((unsigned long long)blockIdx.x * (SG_BLOCK / 32) + threadIdx.x / 32) * per_warp;
+         w0 < total; w0 += stride) {
+        const unsigned long long w = w0 + lane / g;
+        const bool live = w < total;
+        const unsigned long long row = live ? w / d.nheads : 0;
+        const unsigned h = live ? (unsigned)(w % d.nheads) : 0;
+        const unsigned long long yb = row * d.d_inner + (unsigned long long)h * d.headdim + j;
+        float4 yv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), zv = yv;
+        if (live) {
+            yv = m3_load4(y + yb);
+            zv = m3_load4(proj + row * d.width + d.off_z + (unsigned long long)h * d.headdim + j);
+        }
+        if (has_norm) {
+            float acc = fmaf(yv.x, yv.x, fmaf(yv.y, yv.y, fmaf(yv.z, yv.z, yv.w * yv.w)));
+            acc = m3_group_sum(acc, g);
+            const float r = 1.0f / sqrtf(acc / (float)d.headdim + d.eps);
+            if (live && j == 0) {
+                gate_rstd[w] = r;
+            }
+            const float* wn = norm_w + (unsigned long long)h * d.headdim + j;
+            yv = make_float4(yv.x * r * wn[0], yv.y * r * wn[1], yv.z * r * wn[2], yv.w * r * wn[3]);
+        }
+        if (live) {
+            m3_store4(o + yb, make_float4(yv.x * m3_silu(zv.x), yv.y * m3_silu(zv.y), yv.z * m3_silu(zv.z),
+                                          yv.w * m3_silu(zv.w)));
+        }
+    }
+}
+
+// `lanes` = 0: the warp form; else the group form with that many lanes a
+// head (kernels/mamba3.rs, gate_lanes).
 extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     m3_gate_fwd_f32(const float* __restrict__ y, const float* __restrict__ proj, const float* __restrict__ norm_w,
-                    float* __restrict__ o, float* __restrict__ gate_rstd, unsigned has_norm, M3Dims d) {
-    gate_fwd<float, float>(y, proj, norm_w, o, gate_rstd, has_norm, d);
+                    float* __restrict__ o, float* __restrict__ gate_rstd, unsigned has_norm, unsigned lanes,
+                    M3Dims d) {
+    if (lanes == 0) {
+        gate_fwd<float, float>(y, proj, norm_w, o, gate_rstd, has_norm, d);
+    } else {
+        gate_fwd_grp<float>(y, proj, norm_w, o, gate_rstd, has_norm, lanes, d);
+    }
 }
 
 // The mixed step's gate: f32 scan output and z in, bf16 GEMM operand out.
 extern "C" __global__ void __launch_bounds__(SG_BLOCK)
     m3_gate_fwd_bf16(const float* __restrict__ y, const float* __restrict__ proj, const float* __restrict__ norm_w,
-                     __nv_bfloat16* __restrict__ o, float* __restrict__ gate_rstd, unsigned has_norm, M3Dims d) {
-    gate_fwd<float, __nv_bfloat16>(y, proj, norm_w, o, gate_rstd, has_norm, d);
+                     __nv_bfloat16* __restrict__ o, float* __restrict__ gate_rstd, unsigned has_norm,
+                     unsigned lanes, M3Dims d) {
+    if (lanes == 0) {
+        gate_fwd<float, __nv_bfloat16>(y, proj, norm_w, o, gate_rstd, has_norm, d);
+    } else {
+        gate_fwd_grp<__nv_bfloat16>(y, proj, norm_w, o, gate_rstd, has_norm, lanes, d);
+    }
 }
 
 // One block per row: lse = log sum exp(logits), row_loss = lse - logit[target]

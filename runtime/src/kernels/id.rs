@@ -40,6 +40,8 @@ pub enum Kernel {
     M3PrepF32,
     /// `m3_angle_fwd_f32`.
     M3AngleFwdF32,
+    /// `m3_angle_fwd_serial_f32`.
+    M3AngleFwdSerialF32,
     /// `m3_angle_fixed_f32`.
     M3AngleFixedF32,
     /// `m3_qk_fwd_f32`.
@@ -104,6 +106,8 @@ pub enum Kernel {
     M3RotBcnormBwdTiledF32,
     /// `m3_angle_bwd_f32`.
     M3AngleBwdF32,
+    /// `m3_angle_bwd_serial_f32`.
+    M3AngleBwdSerialF32,
     /// `m3_scalar_bwd_f32`.
     M3ScalarBwdF32,
     /// `m3_dtheta_bwd_f32`.
@@ -153,6 +157,7 @@ impl Kernel {
         Kernel::M3RmsnormFwdF32,
         Kernel::M3PrepF32,
         Kernel::M3AngleFwdF32,
+        Kernel::M3AngleFwdSerialF32,
         Kernel::M3AngleFixedF32,
         Kernel::M3QkFwdF32,
         Kernel::M3QkFwdBf16qk,
@@ -183,6 +188,7 @@ impl Kernel {
         Kernel::M3RotBcnormBwdF32,
         Kernel::M3RotBcnormBwdTiledF32,
         Kernel::M3AngleBwdF32,
+        Kernel::M3AngleBwdSerialF32,
         Kernel::M3ScalarBwdF32,
         Kernel::M3DthetaBwdF32,
         Kernel::M3ColsumPartialsF32,
@@ -215,6 +221,7 @@ impl Kernel {
             Kernel::M3RmsnormFwdF32 => "m3_rmsnorm_fwd_f32",
             Kernel::M3PrepF32 => "m3_prep_f32",
             Kernel::M3AngleFwdF32 => "m3_angle_fwd_f32",
+            Kernel::M3AngleFwdSerialF32 => "m3_angle_fwd_serial_f32",
             Kernel::M3AngleFixedF32 => "m3_angle_fixed_f32",
             Kernel::M3QkFwdF32 => "m3_qk_fwd_f32",
             Kernel::M3QkFwdBf16qk => "m3_qk_fwd_bf16qk",
@@ -245,6 +252,7 @@ impl Kernel {
             Kernel::M3RotBcnormBwdF32 => "m3_rot_bcnorm_bwd_f32",
             Kernel::M3RotBcnormBwdTiledF32 => "m3_rot_bcnorm_bwd_tiled_f32",
             Kernel::M3AngleBwdF32 => "m3_angle_bwd_f32",
+            Kernel::M3AngleBwdSerialF32 => "m3_angle_bwd_serial_f32",
             Kernel::M3ScalarBwdF32 => "m3_scalar_bwd_f32",
             Kernel::M3DthetaBwdF32 => "m3_dtheta_bwd_f32",
             Kernel::M3ColsumPartialsF32 => "m3_colsum_partials_f32",

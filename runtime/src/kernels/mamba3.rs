@@ -69,6 +69,55 @@ pub(crate) fn angle_blocks(sh: &Mamba3Shape) -> Result<LaunchConfig, GpuError> {
     })
 }
 
+/// How the angle cumsum kernels (forward and backward) walk the window.
+/// Both forms compute the same double sums; they differ in the order of the
+/// additions (so in the last bits) and in how they spread the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AngleForm {
+    /// One 1024-thread block per (batch row, head, 32 angles), the window
+    /// cut into 32 time segments: long windows over few (row, head) pairs.
+    Segmented,
+    /// One thread per (batch row, head, angle) walking the whole window:
+    /// short windows over many of them (the state-tracking models).
+    Serial,
+}
+
+impl AngleForm {
+    /// Fewest (row, head, angle) threads the serial form is picked for:
+    /// 256 warps, two an SM of an H200, enough loads in flight to beat one
+    /// wave of segmented blocks.
+    pub const SERIAL_MIN_THREADS: usize = 8192;
+    /// Longest window the serial form is picked for: its chain of dependent
+    /// double additions is one a token.
+    pub const SERIAL_MAX_LEN: usize = 1024;
+
+    /// The form the step uses at `sh`.
+    pub fn for_shape(sh: &Mamba3Shape) -> Self {
+        let threads = sh.batch.saturating_mul(sh.nheads).saturating_mul(sh.angles);
+        if threads >= Self::SERIAL_MIN_THREADS && sh.len <= Self::SERIAL_MAX_LEN {
+            Self::Serial
+        } else {
+            Self::Segmented
+        }
+    }
+
+    /// The launch of this form at `sh`.
+    pub(crate) fn launch(self, sh: &Mamba3Shape) -> Result<LaunchConfig, GpuError> {
+        match self {
+            Self::Segmented => angle_blocks(sh),
+            Self::Serial => {
+                let bh =
+                    crate::device::checked_elems("mamba3: batch x heads", sh.batch, sh.nheads)?;
+                thread_blocks(crate::device::checked_elems(
+                    "mamba3: angle cumsum threads",
+                    bh,
+                    sh.angles,
+                )?)
+            }
+        }
+    }
+}
+
 /// One thread per item.
 pub(crate) fn thread_blocks(items: usize) -> Result<LaunchConfig, GpuError> {
     let n = to_u32("mamba3: items", items)?;
@@ -198,10 +247,23 @@ pub fn prep(
     Ok(())
 }
 
-/// The angle cumsum `phi_t = (phi_{t-1} + dt_t theta_t) mod 2 pi`.
+/// The angle cumsum `phi_t = (phi_{t-1} + dt_t theta_t) mod 2 pi`, in the
+/// form [`AngleForm::for_shape`] picks.
 pub fn angle_fwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
+    dt: &DeviceBuffer<f32>,
+    theta: &DeviceBuffer<f32>,
+    phi: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    angle_fwd_as(gpu, sh, AngleForm::for_shape(sh), dt, theta, phi)
+}
+
+/// [`angle_fwd`] in the given form (both are valid at every shape).
+pub fn angle_fwd_as(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    form: AngleForm,
     dt: &DeviceBuffer<f32>,
     theta: &DeviceBuffer<f32>,
     phi: &mut DeviceBuffer<f32>,
@@ -210,16 +272,21 @@ pub fn angle_fwd(
     need(gpu, "angle: dt", dt, sh.per_row(sh.nheads)?)?;
     need(gpu, "angle: theta", theta, sh.per_row(sh.angles)?)?;
     need(gpu, "angle: phi", phi, sh.per_row(sh.nheads * sh.angles)?)?;
-    let f = gpu.function(Kernel::M3AngleFwdF32)?;
+    let k = match form {
+        AngleForm::Segmented => Kernel::M3AngleFwdF32,
+        AngleForm::Serial => Kernel::M3AngleFwdSerialF32,
+    };
+    let f = gpu.function(k)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(dt.slice()?)
         .arg(theta.slice()?)
         .arg(phi.slice_mut()?)
         .arg(&d);
     // SAFETY: reads dt[rows x H], theta[rows x S], writes phi[rows x H x S];
-    // all three lengths checked, and the block size is the kernel's
-    // M3_ANGLE_THREADS (its static shared tile is sized by it).
-    unsafe { b.launch(angle_blocks(sh)?) }.during("launch m3_angle_fwd_f32")?;
+    // all three lengths checked. The segmented kernel runs at its
+    // M3_ANGLE_THREADS block size (its static shared tile is sized by it);
+    // the serial one grid-strides over its B x H x S threads at any size.
+    unsafe { b.launch(form.launch(sh)?) }.during("launch m3_angle_fwd")?;
     Ok(())
 }
 
@@ -594,6 +661,7 @@ pub fn gate_fwd<T: Compute>(
     }
     // Without the norm the kernel never reads the weight; y stands in.
     let w = norm_w.unwrap_or(y);
+    let lanes = gate_lanes(sh, &[y.device_addr(), proj.device_addr(), o.device_addr()]);
     let f = gpu.function(T::GATE_FWD)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(y.slice()?)
@@ -601,13 +669,53 @@ pub fn gate_fwd<T: Compute>(
         .arg(w.slice()?)
         .arg(o.slice_mut()?)
         .arg(gate_rstd.slice_mut()?);
-    b.arg(&has_norm).arg(&d);
-    // SAFETY: one warp per (row, head) reads y/proj/norm weight inside the
-    // checked lengths (the weight only when has_norm = 1, when it holds
-    // d_inner values) and writes o [rows x d_inner] (as `T`, the type the
-    // kernel named by `T::GATE_FWD` stores), gate_rstd [rows x H].
-    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_gate_fwd")?;
+    b.arg(&has_norm).arg(&lanes).arg(&d);
+    // SAFETY: each (row, head) reads y/proj/norm weight inside the checked
+    // lengths (the weight only when has_norm = 1, when it holds d_inner
+    // values) and writes o [rows x d_inner] (as `T`, the type the kernel
+    // named by `T::GATE_FWD` stores), gate_rstd [rows x H]; the group form
+    // (lanes > 0) runs only on 16-byte aligned rows (`gate_lanes`).
+    unsafe { b.launch(gate_launch(sh, lanes)?) }.during("launch m3_gate_fwd")?;
     Ok(())
+}
+
+/// Lanes a (row, head) in the gate kernels' group form, or 0 for the warp
+/// form: the group form takes four adjacent values a lane with 16-byte
+/// accesses, so it needs `headdim / 4` to be a power of two up to 32 and
+/// every row of y, z (at `off_z` in rows of `width`) and the outputs to
+/// start 16-byte aligned. `addrs` are the buffers' device addresses.
+pub fn gate_lanes(sh: &Mamba3Shape, addrs: &[u64]) -> u32 {
+    let g = sh.headdim / 4;
+    let fits = sh.headdim.is_multiple_of(4)
+        && g.is_power_of_two()
+        && g <= 32
+        && sh.width.is_multiple_of(4)
+        && sh.layout.z.is_multiple_of(4)
+        && addrs.iter().all(|a| a.is_multiple_of(16));
+    match u32::try_from(g) {
+        Ok(g) if fits => g,
+        _ => 0,
+    }
+}
+
+/// The gate kernels' launch: a warp per (row, head), or `lanes` threads per
+/// (row, head) in the group form.
+pub(crate) fn gate_launch(sh: &Mamba3Shape, lanes: u32) -> Result<LaunchConfig, GpuError> {
+    let units = crate::device::checked_elems("mamba3: rows x heads", sh.rows, sh.nheads)?;
+    if lanes == 0 {
+        warp_blocks(units)
+    } else {
+        let g = usize::try_from(lanes).map_err(|_| GpuError::SizeOverflow {
+            what: "gate lanes",
+            value: u128::from(lanes),
+            target: "usize",
+        })?;
+        thread_blocks(crate::device::checked_elems(
+            "mamba3: gate threads",
+            units,
+            g,
+        )?)
+    }
 }
 
 /// Per-row log-sum-exp and loss of the logits against `tokens[:, 1:]`.
@@ -688,5 +796,69 @@ mod tests {
             scan_bwd_smem(&sh)
         );
         assert!(check_smem(scan_bwd_smem(&sh)).is_ok());
+    }
+
+    #[test]
+    fn angle_form_by_shape() {
+        // test_shape: d_inner 512, S = N / 4. The state-tracking layer
+        // (32 heads of 16 here, B 256, T 161) and parity's batch 64 walk
+        // serially; the bench presets' shapes (S: B 16, 8 heads of 64, T
+        // 256) and long windows keep the segmented blocks.
+        assert_eq!(
+            AngleForm::for_shape(&test_shape(64, 16, 64, 256, 161)),
+            AngleForm::Serial
+        );
+        assert_eq!(
+            AngleForm::for_shape(&test_shape(64, 16, 64, 64, 161)),
+            AngleForm::Serial
+        );
+        assert_eq!(
+            AngleForm::for_shape(&test_shape(64, 64, 64, 16, 256)),
+            AngleForm::Segmented
+        );
+        assert_eq!(
+            AngleForm::for_shape(&test_shape(64, 16, 64, 256, 4096)),
+            AngleForm::Segmented
+        );
+        let sh = test_shape(64, 16, 64, 256, 161);
+        let threads = |f: AngleForm| {
+            let c = f.launch(&sh).expect("launch");
+            u64::from(c.grid_dim.0) * u64::from(c.block_dim.0)
+        };
+        assert!(threads(AngleForm::Serial) >= 256 * 32 * 16);
+        assert_eq!(
+            AngleForm::Segmented
+                .launch(&sh)
+                .expect("launch")
+                .block_dim
+                .0,
+            ANGLE_THREADS
+        );
+    }
+
+    #[test]
+    fn gate_group_form_needs_power_of_two_quarters_and_alignment() {
+        let a = [0x1000_u64, 0x2000];
+        assert_eq!(gate_lanes(&test_shape(64, 16, 64, 2, 8), &a), 4);
+        assert_eq!(gate_lanes(&test_shape(64, 8, 64, 2, 8), &a), 2);
+        assert_eq!(gate_lanes(&test_shape(64, 128, 64, 2, 8), &a), 32);
+        assert_eq!(
+            gate_lanes(&test_shape(64, 256, 64, 2, 8), &a),
+            0,
+            "64 lanes a head"
+        );
+        assert_eq!(
+            gate_lanes(&test_shape(64, 16, 64, 2, 8), &[0x1000, 0x2008]),
+            0,
+            "misaligned"
+        );
+        let mut sh = test_shape(64, 16, 64, 2, 8);
+        sh.width += 1;
+        assert_eq!(gate_lanes(&sh, &a), 0, "rows of odd width");
+        sh = test_shape(64, 16, 64, 2, 8);
+        sh.headdim = 12;
+        assert_eq!(gate_lanes(&sh, &a), 0, "three lanes a head");
+        let c = gate_launch(&test_shape(64, 16, 64, 2, 8), 4).expect("launch");
+        assert!(u64::from(c.grid_dim.0) * u64::from(c.block_dim.0) >= 2 * 8 * 32 * 4);
     }
 }

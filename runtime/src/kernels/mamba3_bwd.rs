@@ -9,9 +9,9 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg as _};
 use super::Kernel;
 use super::launch::{self, BLOCK};
 use super::mamba3::{
-    BcParams, Mamba3Shape, ScanForm, ScanScalars, angle_blocks, check_scan_inputs, need,
-    pair_slots_fit, pair_tile_grid, row_blocks, scan_bwd_smem, scan_launch, thread_blocks,
-    warp_blocks, warp_scan_launch,
+    AngleForm, BcParams, Mamba3Shape, ScanForm, ScanScalars, check_scan_inputs, gate_lanes,
+    gate_launch, need, pair_slots_fit, pair_tile_grid, row_blocks, scan_bwd_smem, scan_launch,
+    thread_blocks, warp_blocks, warp_scan_launch,
 };
 use super::precision::Compute;
 use crate::device::error::During as _;
@@ -140,6 +140,17 @@ pub fn gate_bwd(
     }
     let has_norm = u32::from(norm_w.is_some());
     let w = norm_w.unwrap_or(y);
+    let lanes = gate_lanes(
+        sh,
+        &[
+            y.device_addr(),
+            proj.device_addr(),
+            d_o.device_addr(),
+            dproj.device_addr(),
+            dy.device_addr(),
+            contrib.device_addr(),
+        ],
+    );
     let f = gpu.function(Kernel::M3GateBwdF32)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(y.slice()?)
@@ -151,10 +162,12 @@ pub fn gate_bwd(
         .arg(dy.slice_mut()?)
         .arg(contrib.slice_mut()?)
         .arg(&has_norm)
+        .arg(&lanes)
         .arg(&d);
-    // SAFETY: one warp per (row, head) stays inside the checked lengths; the
-    // norm weight is read only when has_norm = 1 (then it holds d_inner).
-    unsafe { b.launch(warp_blocks(sh.rows * sh.nheads)?) }.during("launch m3_gate_bwd_f32")?;
+    // SAFETY: each (row, head) stays inside the checked lengths; the norm
+    // weight is read only when has_norm = 1 (then it holds d_inner); the
+    // group form (lanes > 0) runs only on 16-byte aligned rows.
+    unsafe { b.launch(gate_launch(sh, lanes)?) }.during("launch m3_gate_bwd_f32")?;
     Ok(())
 }
 
@@ -395,10 +408,21 @@ pub fn rot_bcnorm_bwd(
     colsum(gpu, dq, tiles, hn_cols, ld, 0, partials, dc)
 }
 
-/// Reverse cumsum of `dphi` over time, in place.
+/// Reverse cumsum of `dphi` over time, in place, in the form
+/// [`AngleForm::for_shape`] picks.
 pub fn angle_bwd(
     gpu: &Gpu,
     sh: &Mamba3Shape,
+    dphi: &mut DeviceBuffer<f32>,
+) -> Result<(), GpuError> {
+    angle_bwd_as(gpu, sh, AngleForm::for_shape(sh), dphi)
+}
+
+/// [`angle_bwd`] in the given form (both are valid at every shape).
+pub fn angle_bwd_as(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    form: AngleForm,
     dphi: &mut DeviceBuffer<f32>,
 ) -> Result<(), GpuError> {
     let d = sh.dims()?;
@@ -408,13 +432,17 @@ pub fn angle_bwd(
         dphi,
         sh.per_row(sh.nheads * sh.angles)?,
     )?;
-    let f = gpu.function(Kernel::M3AngleBwdF32)?;
+    let k = match form {
+        AngleForm::Segmented => Kernel::M3AngleBwdF32,
+        AngleForm::Serial => Kernel::M3AngleBwdSerialF32,
+    };
+    let f = gpu.function(k)?;
     let mut b = gpu.stream().launch_builder(f);
     b.arg(dphi.slice_mut()?).arg(&d);
-    // SAFETY: each thread walks one time segment of one (b, h, s) column of
-    // dphi [rows x H x S], whose length was checked; the block size is the
-    // kernel's M3_ANGLE_THREADS.
-    unsafe { b.launch(angle_blocks(sh)?) }.during("launch m3_angle_bwd_f32")?;
+    // SAFETY: each thread walks one (b, h, s) column of dphi [rows x H x S]
+    // (a time segment of it in the segmented form), whose length was
+    // checked; the segmented kernel runs at its M3_ANGLE_THREADS block size.
+    unsafe { b.launch(form.launch(sh)?) }.during("launch m3_angle_bwd")?;
     Ok(())
 }
 

@@ -9,8 +9,15 @@ use stepgraph::mamba3::gpu::ModelCompute;
 use stepgraph::optim::{AdamWConfig, DecayPolicy};
 use stepgraph::step::{F32Step, Mamba3Step};
 
-/// A seed that differs every run; tests print it so a failure can be replayed.
+/// A seed that differs every run; tests print it so a failure can be
+/// replayed with `STEPGRAPH_TEST_SEED=<seed>`, which every call then returns.
 pub fn fresh_seed() -> u64 {
+    if let Some(s) = std::env::var("STEPGRAPH_TEST_SEED")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    {
+        return s;
+    }
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
