@@ -804,22 +804,16 @@ mod tests {
         // (32 heads of 16 here, B 256, T 161) and parity's batch 64 walk
         // serially; the bench presets' shapes (S: B 16, 8 heads of 64, T
         // 256) and long windows keep the segmented blocks.
-        assert_eq!(
-            AngleForm::for_shape(&test_shape(64, 16, 64, 256, 161)),
-            AngleForm::Serial
-        );
-        assert_eq!(
-            AngleForm::for_shape(&test_shape(64, 16, 64, 64, 161)),
-            AngleForm::Serial
-        );
-        assert_eq!(
-            AngleForm::for_shape(&test_shape(64, 64, 64, 16, 256)),
-            AngleForm::Segmented
-        );
-        assert_eq!(
-            AngleForm::for_shape(&test_shape(64, 16, 64, 256, 4096)),
-            AngleForm::Segmented
-        );
+        for (batch, len, want) in [
+            (256, 161, AngleForm::Serial),
+            (64, 161, AngleForm::Serial),
+            (256, 4096, AngleForm::Segmented),
+        ] {
+            let sh = test_shape(64, 16, 64, batch, len);
+            assert_eq!(AngleForm::for_shape(&sh), want, "B {batch}, T {len}");
+        }
+        let preset_s = test_shape(64, 64, 64, 16, 256);
+        assert_eq!(AngleForm::for_shape(&preset_s), AngleForm::Segmented);
         let sh = test_shape(64, 16, 64, 256, 161);
         let threads = |f: AngleForm| {
             let c = f.launch(&sh).expect("launch");
