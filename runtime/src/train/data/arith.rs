@@ -124,6 +124,32 @@ fn bracketed(n: usize, rng: &mut ChaCha20Rng, out: &mut Vec<u32>) -> u32 {
     }
 }
 
+/// The number of operands in the longest product term (operands joined by
+/// `*`) of a [`precedence`] expression that holds no zero: the longest
+/// chain of multiplications whose value the model has to carry, since a
+/// zero makes a term 0 whatever else it holds. 0 when every term holds a
+/// zero. `expr` is the expression alone (`a_1 o_1 .. a_n`, no `=`).
+pub fn longest_unit_term(expr: &[u32]) -> usize {
+    let mut best = 0;
+    // operands so far in the current term, and whether one was 0
+    let (mut len, mut zero) = (0, false);
+    for (i, &t) in expr.iter().enumerate() {
+        if i % 2 == 0 {
+            len += 1;
+            zero |= t == 0;
+        } else if t != TIMES {
+            if !zero {
+                best = best.max(len);
+            }
+            (len, zero) = (0, false);
+        }
+    }
+    if !zero {
+        best = best.max(len);
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use rand::SeedableRng;
@@ -137,6 +163,20 @@ mod tests {
             assert_eq!(brackets(n, &mut rng).0.len(), n);
             assert_eq!(precedence(n, &mut rng).0.len(), 2 * n - 1);
         }
+    }
+
+    #[test]
+    fn unit_terms() {
+        // 2 * 3 + 4 * 0 * 1 - 1 * 2 * 4 * 3
+        let expr = [
+            2, TIMES, 3, PLUS, 4, TIMES, 0, TIMES, 1, MINUS, 1, TIMES, 2, TIMES, 4, TIMES, 3,
+        ];
+        assert_eq!(longest_unit_term(&expr), 4);
+        assert_eq!(longest_unit_term(&[0, TIMES, 3, PLUS, 0]), 0);
+        assert_eq!(longest_unit_term(&[3]), 1);
+        assert_eq!(longest_unit_term(&[1, PLUS, 2, MINUS, 3]), 1);
+        // the last term counts too
+        assert_eq!(longest_unit_term(&[0, PLUS, 2, TIMES, 2, TIMES, 3]), 3);
     }
 
     #[test]

@@ -1,0 +1,133 @@
+//! Where a `modarith-prec` checkpoint goes wrong: it scores the checkpoint
+//! on held-out instances of one size with the CPU reference model (f64) and
+//! splits the accuracy by the longest product term that holds no zero
+//! (`train::data::arith::longest_unit_term`). Adding mod 5 and multiplying
+//! mod 5 are different rotations (steps of `2 pi / 5` against the discrete
+//! log's `2 pi / 4`, with a reset at every `+` or `-`); a model whose
+//! multiplication is inexact fails on long terms first, and longer rows hold
+//! longer terms. The README's round 14 reads its checkpoints this way.
+//!
+//! ```sh
+//! cargo run --release --example arith_terms -- CHECKPOINT SIZE [ROWS] [SEED]
+//! ```
+//!
+//! SIZE counts operands (the training size of the table's recipe is 80, the
+//! reported one 128); ROWS (default 512) instances are drawn from the
+//! held-out split with SEED (default 1).
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use stepgraph::mamba3::checkpoint;
+use stepgraph::mamba3::cpu::{ScanMode, Tokens, forward};
+use stepgraph::train::data::Task;
+use stepgraph::train::data::arith::{MODULUS, longest_unit_term};
+
+/// Terms of this many operands and more share the last bucket.
+const LONG: usize = 6;
+
+struct Args {
+    checkpoint: PathBuf,
+    size: usize,
+    rows: usize,
+    seed: u64,
+}
+
+fn main() -> ExitCode {
+    let Some(args) = parse(std::env::args().skip(1).collect()) else {
+        eprintln!("usage: arith_terms CHECKPOINT SIZE>=1 [ROWS>=1] [SEED]");
+        return ExitCode::from(2);
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse(v: Vec<String>) -> Option<Args> {
+    let positive = |s: &String| s.parse::<usize>().ok().filter(|&n| n >= 1);
+    if !(2..=4).contains(&v.len()) {
+        return None;
+    }
+    Some(Args {
+        checkpoint: PathBuf::from(&v[0]),
+        size: positive(&v[1])?,
+        rows: v.get(2).map_or(Some(512), positive)?,
+        seed: v.get(3).map_or(Some(1), |s| s.parse().ok())?,
+    })
+}
+
+fn run(args: &Args) -> Result<(), Box<dyn Error>> {
+    let (cfg, weights) = checkpoint::load::<f64>(&args.checkpoint)?;
+    let task = Task::ModarithPrec;
+    if cfg.vocab_size < task.vocab_size() {
+        return Err(format!(
+            "{}: vocabulary {} is smaller than {}'s {}",
+            args.checkpoint.display(),
+            cfg.vocab_size,
+            task.name(),
+            task.vocab_size()
+        )
+        .into());
+    }
+    let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
+    let examples: Vec<_> = (0..args.rows)
+        .map(|_| task.sample(args.size, true, &mut rng))
+        .collect();
+    let cols = task.width(args.size);
+    let ids: Vec<i64> = examples
+        .iter()
+        .flat_map(|e| e.tokens.iter().map(|&t| i64::from(t)))
+        .collect();
+    let tokens = Tokens::from_rows(&ids, args.rows, cols, cfg.vocab_size)?;
+    let out = forward(&cfg, &weights, &tokens, None, ScanMode::Recurrent)?;
+    let (len, width) = (tokens.len(), cfg.padded_vocab_size());
+    let classes = usize::try_from(MODULUS)?;
+    // bucket -> (right, instances)
+    let mut buckets = BTreeMap::<usize, (usize, usize)>::new();
+    for (row, ex) in examples.iter().enumerate() {
+        let p = ex.answers[0];
+        let at = (row * len + p) * width;
+        let logits = &out.logits[at..at + classes];
+        let predicted =
+            (0..classes).fold(0, |best, c| if logits[c] > logits[best] { c } else { best });
+        let right = usize::try_from(ex.tokens[p + 1])? == predicted;
+        let slot = buckets
+            .entry(longest_unit_term(&ex.tokens[..p]).min(LONG))
+            .or_default();
+        slot.0 += usize::from(right);
+        slot.1 += 1;
+    }
+    let right: usize = buckets.values().map(|b| b.0).sum();
+    let acc = fraction(right, args.rows);
+    println!(
+        "{} operands, {} held-out rows: accuracy {:.1}% ({:.1} scaled)",
+        args.size,
+        args.rows,
+        100.0 * acc,
+        100.0 * task.scaled_accuracy(acc)
+    );
+    println!("longest zero-free product term (operands) | rows | accuracy");
+    for (k, (r, n)) in &buckets {
+        let label = if *k == LONG {
+            format!("{LONG}+")
+        } else {
+            k.to_string()
+        };
+        println!("{label:>3} | {n:>5} | {:5.1}%", 100.0 * fraction(*r, *n));
+    }
+    Ok(())
+}
+
+/// `part / whole` for counts (the rows here are far below 2^32).
+fn fraction(part: usize, whole: usize) -> f64 {
+    let f = |n: usize| f64::from(u32::try_from(n).unwrap_or(u32::MAX));
+    f(part) / f(whole)
+}
