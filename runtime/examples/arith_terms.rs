@@ -24,8 +24,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use stepgraph::mamba3::checkpoint;
 use stepgraph::mamba3::cpu::{ScanMode, Tokens, forward};
-use stepgraph::train::data::Task;
 use stepgraph::train::data::arith::{MODULUS, longest_unit_term};
+use stepgraph::train::data::{Batch, Task};
 
 /// Terms of this many operands and more share the last bucket.
 const LONG: usize = 6;
@@ -67,26 +67,15 @@ fn parse(v: Vec<String>) -> Option<Args> {
 fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let (cfg, weights) = checkpoint::load::<f64>(&args.checkpoint)?;
     let task = Task::ModarithPrec;
-    if cfg.vocab_size < task.vocab_size() {
-        return Err(format!(
-            "{}: vocabulary {} is smaller than {}'s {}",
-            args.checkpoint.display(),
-            cfg.vocab_size,
-            task.name(),
-            task.vocab_size()
-        )
-        .into());
-    }
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
     let examples: Vec<_> = (0..args.rows)
         .map(|_| task.sample(args.size, true, &mut rng))
         .collect();
-    let cols = task.width(args.size);
-    let ids: Vec<i64> = examples
-        .iter()
-        .flat_map(|e| e.tokens.iter().map(|&t| i64::from(t)))
-        .collect();
-    let tokens = Tokens::from_rows(&ids, args.rows, cols, cfg.vocab_size)?;
+    // The rows as training lays them out; an id the checkpoint's vocabulary
+    // lacks (a checkpoint of another task) is refused by `Tokens`.
+    let batch = Batch::from_examples(&examples, task.width(args.size), task.pad());
+    let ids: Vec<i64> = batch.tokens.iter().map(|&t| i64::from(t)).collect();
+    let tokens = Tokens::from_rows(&ids, batch.rows, batch.width, cfg.vocab_size)?;
     let out = forward(&cfg, &weights, &tokens, None, ScanMode::Recurrent)?;
     let (len, width) = (tokens.len(), cfg.padded_vocab_size());
     let classes = usize::try_from(MODULUS)?;
