@@ -395,6 +395,55 @@ where
     assert_eq!(state_bits(&replayed.1), state_bits(&eager.1));
 }
 
+/// Other weights swapped in for an evaluation mid-run and the trained ones
+/// put back (what `--ema` does at every evaluation): the run goes on bit for
+/// bit as one never swapped, and the evaluation scored the other weights.
+fn swap_case<P: ModelCompute>()
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
+    let w = Weights::<f32>::init(&cfg(), 19).expect("weights");
+    let other = Weights::<f32>::init(&cfg(), 98).expect("weights");
+    let (batches, width) = parity(8, 8, 12);
+    let s = settings(Some(0.5));
+    let straight = {
+        let (gpu, _lock) = context();
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
+        (run(&mut e, &batches), e.export_state().unwrap())
+    };
+    let swapped = {
+        let (gpu, _lock) = context();
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
+        let mut m = run(&mut e, &batches[..4]);
+        let trained = e.weights().unwrap();
+        assert_eq!(trained, e.export_state().unwrap().weights);
+        let before = e.eval(&batches[0]).unwrap();
+        e.set_weights(&other).unwrap();
+        let theirs = e.eval(&batches[0]).unwrap();
+        assert_ne!(
+            theirs.token_loss, before.token_loss,
+            "scored the other weights"
+        );
+        e.set_weights(&trained).unwrap();
+        assert_eq!(
+            e.eval(&batches[0]).unwrap(),
+            before,
+            "the trained weights are back"
+        );
+        m.extend(run(&mut e, &batches[4..]));
+        (m, e.export_state().unwrap())
+    };
+    assert_eq!(straight.0, swapped.0, "every step's metrics");
+    assert_eq!(state_bits(&straight.1), state_bits(&swapped.1));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn swapped_weights_leave_the_run_bit_identical() {
+    swap_case::<f32>();
+    swap_case::<half::bf16>();
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn resume_is_bit_identical() {

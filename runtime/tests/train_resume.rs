@@ -54,6 +54,7 @@ fn run_config(steps: u64) -> RunConfig {
         log_every: 1,
         checkpoint_every: 0,
         keep: 2,
+        ema: None,
     }
 }
 
@@ -195,6 +196,74 @@ fn a_gated_curriculum_resumes_bit_identically() {
     }
 }
 
+/// The tiny run keeping a weight average (folded every 10 steps).
+fn ema_config(steps: u64) -> RunConfig {
+    RunConfig {
+        ema: Some(0.9),
+        ..run_config(steps)
+    }
+}
+
+fn kinds(run: &Path, kind: &str) -> Vec<String> {
+    let tag = format!("\"kind\":\"{kind}\"");
+    records(run)
+        .into_iter()
+        .filter(|l| l.contains(&tag))
+        .collect()
+}
+
+#[test]
+fn a_weight_average_resumes_bit_identically_and_leaves_training_alone() {
+    // Stopped between two folds and right at one.
+    for stop_at in [13, 20] {
+        assert_resume_identical(ema_config, 25, stop_at);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, avg) = (dir.path().join("plain"), dir.path().join("avg"));
+    let stop = Stop::new();
+    train(&options(&plain, 25), &stop).unwrap();
+    let s = train(
+        &TrainOptions {
+            run: ema_config(25),
+            ..options(&avg, 25)
+        },
+        &stop,
+    )
+    .unwrap();
+    // Scoring the average swaps the weights in and back: the trained
+    // weights' steps and scores are those of a run without it.
+    for kind in ["train", "eval"] {
+        assert_eq!(kinds(&plain, kind), kinds(&avg, kind), "{kind} records");
+    }
+    assert!(kinds(&plain, "eval_ema").is_empty());
+    // Evaluations at steps 3, 6, ..., 24 and 25; the average exists from
+    // step 10 on, so at 12, 15, 18, 21, 24 and 25: 6 evaluations of 2 sets.
+    assert_eq!(kinds(&avg, "eval_ema").len(), 12);
+    assert_eq!(s.eval_ema.len(), 2);
+    assert_ne!(s.eval_ema, s.eval, "the average is not the trained weights");
+    let last = avg.join("checkpoints").join(checkpoint::step_dir_name(25));
+    let (cfg, trained) = stepgraph::mamba3::checkpoint::load::<f32>(&last).unwrap();
+    let (ema_cfg, average) =
+        stepgraph::mamba3::checkpoint::load::<f32>(&last.join(checkpoint::EMA_DIR)).unwrap();
+    assert_eq!(cfg, ema_cfg);
+    assert_ne!(trained, average);
+    assert!(
+        !plain
+            .join("checkpoints")
+            .join(checkpoint::step_dir_name(25))
+            .join("ema")
+            .exists()
+    );
+
+    // A checkpoint of such a run without its average is not resumed.
+    let (e, mut t) = state(&cfg, 20);
+    t.run = ema_config(25);
+    let root = dir.path().join("lost").join("checkpoints");
+    checkpoint::save(&root, &cfg, &e, None, &t, 1).unwrap();
+    let err = checkpoint::find(&root).unwrap_err().to_string();
+    assert!(err.contains("--ema") && err.contains("ema/"), "{err}");
+}
+
 #[test]
 fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
     let dir = tempfile::tempdir().unwrap();
@@ -285,7 +354,7 @@ fn checkpoints_are_atomic_and_only_the_last_k_are_kept() {
     std::fs::create_dir_all(root.join(".tmp-step-00000009")).unwrap();
     for step in 1..=5 {
         let (e, t) = state(&cfg, step);
-        let out = checkpoint::save(&root, &cfg, &e, &t, 2).unwrap();
+        let out = checkpoint::save(&root, &cfg, &e, None, &t, 2).unwrap();
         assert_eq!(out, root.join(checkpoint::step_dir_name(step)));
     }
     let kept: Vec<u64> = checkpoint::list(&root)

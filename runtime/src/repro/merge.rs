@@ -192,25 +192,12 @@ fn run_result(v: &Value, dir: &Path, path: &Path, line: usize) -> Result<RunResu
         "skipped" => Outcome::Skipped,
         other => Outcome::Failed(other.strip_prefix("failed: ").unwrap_or(other).to_owned()),
     };
-    let eval = field(v, "eval", path, line)?
-        .as_array()
-        .ok_or_else(|| bad(path, format!("line {line}: `eval` is not a list")))?
-        .iter()
-        .map(|e| {
-            let num = |k: &str| e.get(k).and_then(Value::as_f64);
-            Some(EvalResult {
-                label: e.get("set")?.as_str()?.to_owned(),
-                length: e
-                    .get("length")
-                    .and_then(Value::as_u64)
-                    .and_then(|l| usize::try_from(l).ok()),
-                loss: num("loss")?,
-                accuracy: num("accuracy")?,
-                count: usize::try_from(e.get("count")?.as_u64()?).ok()?,
-            })
-        })
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| bad(path, format!("line {line}: an `eval` entry is incomplete")))?;
+    let eval = scores(field(v, "eval", path, line)?, "eval", path, line)?;
+    // Absent from tables written before the weight average existed.
+    let eval_ema = match v.get("eval_ema") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(list) => scores(list, "eval_ema", path, line)?,
+    };
     let dynamics = match v.get("dynamics") {
         None | Some(Value::Null) => None,
         Some(d) => Some(
@@ -228,9 +215,37 @@ fn run_result(v: &Value, dir: &Path, path: &Path, line: usize) -> Result<RunResu
         wall: Duration::try_from_secs_f64(wall)
             .map_err(|e| bad(path, format!("line {line}: wall_s: {e}")))?,
         eval,
+        eval_ema,
         dynamics,
         last_loss: v.get("last_train_loss").and_then(Value::as_f64),
     })
+}
+
+/// An evaluation's list of set scores, as [`super::report`] writes it.
+fn scores(
+    list: &Value,
+    key: &str,
+    path: &Path,
+    line: usize,
+) -> Result<Vec<EvalResult>, ReproError> {
+    list.as_array()
+        .ok_or_else(|| bad(path, format!("line {line}: `{key}` is not a list")))?
+        .iter()
+        .map(|e| {
+            let num = |k: &str| e.get(k).and_then(Value::as_f64);
+            Some(EvalResult {
+                label: e.get("set")?.as_str()?.to_owned(),
+                length: e
+                    .get("length")
+                    .and_then(Value::as_u64)
+                    .and_then(|l| usize::try_from(l).ok()),
+                loss: num("loss")?,
+                accuracy: num("accuracy")?,
+                count: usize::try_from(e.get("count")?.as_u64()?).ok()?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| bad(path, format!("line {line}: an `{key}` entry is incomplete")))
 }
 
 /// The runs of one output directory's `results.jsonl`. A resumed table

@@ -438,9 +438,9 @@ fn write_files(
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
              --eval-lens {},{} --curriculum {}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
-             --dt-init {}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`), weight decay 0.1 on the \
+             --dt-init {}{}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`), weight decay 0.1 on the \
              embedding and out_proj only (`--decay outputs`), clip 1, scan chunk {} \
-             (`--chunk-size`)\n",
+             (`--chunk-size`){}\n",
             recipe::column(t),
             t.name(),
             r.n_layer,
@@ -461,9 +461,15 @@ fn write_files(
             r.min_lr,
             r.warmup,
             r.dt_init,
+            r.ema.map_or_else(String::new, |d| format!(" --ema {d}")),
             recipe::d_state(opts.quick),
             recipe::BETA2,
             recipe::chunk_size(opts.precision),
+            if r.ema.is_some() {
+                "; scores are the weight average's (the trained weights' in brackets in the runs table)"
+            } else {
+                ""
+            },
         ));
     }
     md.push_str("\n## Runs\n\n");

@@ -92,6 +92,9 @@ pub struct Recipe {
     pub eval_every: u64,
     /// The initial `dt` range (the official 0.001-0.1 unless overridden).
     pub dt_init: DtInit,
+    /// Per-step decay of the weight average whose scores the table
+    /// reports (`None`: the trained weights' scores).
+    pub ema: Option<f64>,
 }
 
 /// The scan's chunk length for a table in `precision`: the same math at
@@ -139,6 +142,7 @@ fn arithmetic(task: Task) -> Recipe {
         warmup: 1000,
         eval_every: 1000,
         dt_init: DtInit::default(),
+        ema: None,
     }
 }
 
@@ -164,6 +168,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             warmup: 30,
             eval_every: 500,
             dt_init: DtInit::default(),
+            ema: None,
         },
         // 80 operands: rows of 2 * 80 + 1 = 161 tokens; 128: 257.
         Task::ModarithPrec | Task::Modarith => Recipe {
@@ -223,6 +228,10 @@ pub struct Overrides {
     /// before it.
     #[serde(default)]
     pub dt_init: Option<DtInit>,
+    /// A weight average of this per-step decay (`--ema`), whose scores
+    /// the table reports. Absent from tables written before it.
+    #[serde(default)]
+    pub ema: Option<f64>,
 }
 
 impl Overrides {
@@ -250,6 +259,7 @@ impl Overrides {
             headdim: self.headdim.unwrap_or(r.headdim),
             curriculum_gate: self.curriculum_gate.unwrap_or(r.curriculum_gate),
             dt_init: self.dt_init.unwrap_or(r.dt_init),
+            ema: self.ema.or(r.ema),
             ..r
         }
     }
@@ -336,6 +346,7 @@ impl Recipe {
             log_every: self.steps,
             checkpoint_every: 0,
             keep: 1,
+            ema: self.ema,
         }
     }
 }
@@ -398,8 +409,10 @@ mod tests {
                 min: 0.01,
                 max: 0.2,
             }),
+            ema: Some(0.999),
         };
         let r = o.apply(base.clone());
+        assert_eq!((base.ema, r.ema), (None, Some(0.999)));
         assert_eq!(r.curriculum_gate, 0.5);
         assert_eq!((r.dt_init.min, r.dt_init.max), (0.01, 0.2));
         assert_eq!(base.dt_init, DtInit::default(), "the official range");

@@ -17,6 +17,7 @@ use super::{ReproError, curve};
 use crate::train::Rotation;
 use crate::train::data::Task;
 use crate::train::plot::{Line, eval_accuracy, write_lines_plot};
+use crate::train::report::EvalResult;
 use crate::train::report::METRICS_FILE;
 
 /// Mean, spread and count of one cell's scaled accuracies (%).
@@ -117,6 +118,21 @@ fn learning(r: &RunResult, train_len: usize) -> (String, String) {
     )
 }
 
+/// The reported scaled accuracy of a run's line: the weight average's, with
+/// the trained weights' beside it when the run kept an average.
+fn scaled_report(r: &RunResult, len: usize) -> String {
+    let pct = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.1}"));
+    if r.eval_ema.is_empty() {
+        pct(r.scaled_at(len))
+    } else {
+        format!(
+            "{} (trained {})",
+            pct(r.scaled_at(len)),
+            pct(r.scaled_trained_at(len))
+        )
+    }
+}
+
 /// One markdown line per run: outcome, scaled accuracy at the training and
 /// the reported length, the training-length loss, the dynamics (retention,
 /// angle lattice error, largest angle step, mean `dt`), and when the run
@@ -153,7 +169,7 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
             r.total_steps,
             r.wall.as_secs_f64(),
             pct(r.scaled_at(rc.train_len)),
-            pct(r.scaled_at(rc.eval_len)),
+            scaled_report(r, rc.eval_len),
             r.last_loss
                 .map_or_else(|| "-".into(), |l| format!("{l:.4}")),
             per_layer(r, |l| format!("{:.3}", l.retention_best)),
@@ -196,14 +212,25 @@ pub fn result_json(r: &RunResult, quick: bool) -> Value {
         "report_len": rc.eval_len,
         "scaled_accuracy_train": r.scaled_at(rc.train_len),
         "scaled_accuracy_report": r.scaled_at(rc.eval_len),
-        "eval": r.eval.iter().map(|e| json!({
-            "set": e.label, "length": e.length, "loss": e.loss, "accuracy": e.accuracy,
-            "count": e.count,
-        })).collect::<Vec<_>>(),
+        "scaled_accuracy_report_trained": r.scaled_trained_at(rc.eval_len),
+        "eval": scores_json(&r.eval),
+        "eval_ema": (!r.eval_ema.is_empty()).then(|| scores_json(&r.eval_ema)),
         "last_train_loss": r.last_loss,
         "dynamics": r.dynamics,
         "dir": r.dir.display().to_string(),
     })
+}
+
+fn scores_json(scores: &[EvalResult]) -> Value {
+    scores
+        .iter()
+        .map(|e| {
+            json!({
+                "set": e.label, "length": e.length, "loss": e.loss, "accuracy": e.accuracy,
+                "count": e.count,
+            })
+        })
+        .collect()
 }
 
 /// The table as JSON: every cell's numbers beside the paper's.

@@ -122,6 +122,7 @@ pub fn resume(
                 total_steps: recipe::recipe_with(job.task, opts.quick, &opts.overrides).steps,
                 wall: Duration::ZERO,
                 eval: Vec::new(),
+                eval_ema: Vec::new(),
                 dynamics: None,
                 last_loss: None,
             });

@@ -88,6 +88,9 @@ pub struct RunResult {
     pub wall: Duration,
     /// Its last evaluation: training length first, then the reported one.
     pub eval: Vec<EvalResult>,
+    /// The weight average's scores at that evaluation (`--ema`; empty
+    /// without one).
+    pub eval_ema: Vec<EvalResult>,
     /// The dynamics probe at that evaluation.
     pub dynamics: Option<Dynamics>,
     /// Mean training loss over its last steps.
@@ -95,9 +98,23 @@ pub struct RunResult {
 }
 
 impl RunResult {
-    /// Scaled accuracy (%) at problem size `len`, if evaluated.
+    /// The run's scaled accuracy (%) at problem size `len`, if evaluated:
+    /// the weight average's when the run kept one, as the table reports.
     pub fn scaled_at(&self, len: usize) -> Option<f64> {
-        self.eval
+        if self.eval_ema.is_empty() {
+            self.scaled_trained_at(len)
+        } else {
+            self.scaled_in(&self.eval_ema, len)
+        }
+    }
+
+    /// The trained weights' scaled accuracy (%) at problem size `len`.
+    pub fn scaled_trained_at(&self, len: usize) -> Option<f64> {
+        self.scaled_in(&self.eval, len)
+    }
+
+    fn scaled_in(&self, scores: &[EvalResult], len: usize) -> Option<f64> {
+        scores
             .iter()
             .find(|r| r.length == Some(len))
             .map(|r| 100.0 * self.job.task.scaled_accuracy(r.accuracy))
@@ -180,6 +197,7 @@ fn run(plan: &Plan<'_>, job: Job, start: Start) -> RunResult {
         total_steps: r.steps,
         wall: Duration::ZERO,
         eval: Vec::new(),
+        eval_ema: Vec::new(),
         dynamics: None,
         last_loss: None,
     };
@@ -214,6 +232,7 @@ fn run(plan: &Plan<'_>, job: Job, start: Start) -> RunResult {
             };
             result.steps = s.step;
             result.eval = s.eval;
+            result.eval_ema = s.eval_ema;
             result.dynamics = s.dynamics;
             result.last_loss = s.last_loss.map(|w| w.mean);
         }

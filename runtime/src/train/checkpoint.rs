@@ -8,6 +8,9 @@
 //!   optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name>, f32
 //!   train_state.json       the run's whole configuration, step counters,
 //!                          data fingerprint and position, file checksums
+//!   ema/                   with `--ema`: the weight average, itself an
+//!                          official-layout checkpoint (config.json,
+//!                          model.safetensors)
 //! ```
 //!
 //! The model files are a plain official-layout checkpoint, so `stepgraph
@@ -38,12 +41,14 @@ use super::data::{DataPosition, Fingerprint};
 use super::engine::{EngineState, Moments};
 use crate::mamba3::Mamba3Config;
 use crate::mamba3::checkpoint::{self as model_ckpt, CheckpointError};
-use crate::mamba3::cpu::param_specs;
+use crate::mamba3::cpu::{Weights, param_specs};
 
 /// Training state file inside a checkpoint.
 pub const STATE_FILE: &str = "train_state.json";
 /// Optimizer moments file inside a checkpoint.
 pub const OPTIM_FILE: &str = "optimizer.safetensors";
+/// Subdirectory of a checkpoint holding the weight average (`--ema`).
+pub const EMA_DIR: &str = "ema";
 /// Subdirectory of a run holding its checkpoints.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 /// Layout version of `train_state.json` this build writes and reads.
@@ -162,12 +167,19 @@ const CHECKED_FILES: [&str; 3] = [
     OPTIM_FILE,
 ];
 
-/// Writes one checkpoint atomically under `root` and prunes the checkpoints
+/// The files of the weight average inside a checkpoint, relative to it.
+fn ema_files() -> [String; 2] {
+    [model_ckpt::CONFIG_FILE, model_ckpt::WEIGHTS_FILE].map(|f| format!("{EMA_DIR}/{f}"))
+}
+
+/// Writes one checkpoint atomically under `root` (with the weight average
+/// `ema` in [`EMA_DIR`], when the run keeps one) and prunes the checkpoints
 /// up to its step to the newest `keep` (at least 1). Returns its directory.
 pub fn save(
     root: &Path,
     cfg: &Mamba3Config,
     state: &EngineState,
+    ema: Option<&Weights<f32>>,
     train: &TrainState,
     keep: usize,
 ) -> Result<PathBuf, TrainError> {
@@ -186,10 +198,15 @@ pub fn save(
     }
     model_ckpt::write_tensors(&tmp.join(OPTIM_FILE), &tensors)?;
     let mut train = train.clone();
-    for file in CHECKED_FILES {
+    let mut files: Vec<String> = CHECKED_FILES.map(str::to_owned).to_vec();
+    if let Some(avg) = ema {
+        model_ckpt::save(&tmp.join(EMA_DIR), cfg, avg)?;
+        files.extend(ema_files());
+    }
+    for file in &files {
         train
             .files
-            .insert(file.to_owned(), file_hash(&tmp.join(file))?);
+            .insert(file.clone(), file_hash(&tmp.join(file))?);
     }
     let json = serde_json::to_string_pretty(&train).map_err(|e| TrainError::BadCheckpoint {
         dir: tmp.clone(),
@@ -197,13 +214,12 @@ pub fn save(
     })?;
     let state_path = tmp.join(STATE_FILE);
     fs::write(&state_path, json + "\n").map_err(TrainError::io(&state_path))?;
-    for file in [
-        model_ckpt::CONFIG_FILE,
-        model_ckpt::WEIGHTS_FILE,
-        OPTIM_FILE,
-        STATE_FILE,
-    ] {
+    files.push(STATE_FILE.to_owned());
+    for file in &files {
         sync_path(&tmp.join(file))?;
+    }
+    if ema.is_some() {
+        sync_path(&tmp.join(EMA_DIR))?;
     }
     sync_path(&tmp)?;
     let dest = root.join(&name);
@@ -276,6 +292,8 @@ pub struct Found {
     pub state: EngineState,
     /// The run and its position.
     pub train: TrainState,
+    /// The weight average it saved (`--ema`), if any.
+    pub ema: Option<Weights<f32>>,
     /// Newer checkpoints that could not be used, with why.
     pub skipped: Vec<(PathBuf, String)>,
 }
@@ -287,11 +305,13 @@ pub struct Found {
 pub fn find(path: &Path) -> Result<Found, TrainError> {
     if path.join(STATE_FILE).is_file() {
         let (cfg, state, train) = load(path)?;
+        let ema = load_ema(path, &cfg, &train)?;
         return Ok(Found {
             dir: path.to_path_buf(),
             cfg,
             state,
             train,
+            ema,
             skipped: Vec::new(),
         });
     }
@@ -302,13 +322,17 @@ pub fn find(path: &Path) -> Result<Found, TrainError> {
     };
     let mut skipped = Vec::new();
     for (_, dir) in list(&root)?.into_iter().rev() {
-        match load(&dir) {
-            Ok((cfg, state, train)) => {
+        match load(&dir).and_then(|(cfg, state, train)| {
+            let ema = load_ema(&dir, &cfg, &train)?;
+            Ok((cfg, state, train, ema))
+        }) {
+            Ok((cfg, state, train, ema)) => {
                 return Ok(Found {
                     dir,
                     cfg,
                     state,
                     train,
+                    ema,
                     skipped,
                 });
             }
@@ -411,6 +435,56 @@ pub fn load(dir: &Path) -> Result<(Mamba3Config, EngineState, TrainState), Train
         skipped: train.skipped,
     };
     Ok((cfg, state, train))
+}
+
+/// The weight average of a checkpoint that [`load`] read: `None` when it
+/// saved none; an error when its files are missing or fail their checksums
+/// (recorded in `train_state.json` by [`save`]), or when a run that keeps an
+/// average saved none after its first fold.
+pub fn load_ema(
+    dir: &Path,
+    cfg: &Mamba3Config,
+    train: &TrainState,
+) -> Result<Option<Weights<f32>>, TrainError> {
+    let bad = |reason: String| TrainError::BadCheckpoint {
+        dir: dir.to_path_buf(),
+        reason,
+    };
+    let listed = ema_files()
+        .iter()
+        .filter(|f| train.files.contains_key(*f))
+        .count();
+    if listed == 0 {
+        if train.run.ema.is_some() && super::ema::Ema::due_by(train.step) {
+            return Err(bad(format!(
+                "the run keeps a weight average (--ema) but {STATE_FILE} lists no {EMA_DIR}/ files"
+            )));
+        }
+        return Ok(None);
+    }
+    for file in ema_files() {
+        let want = train
+            .files
+            .get(&file)
+            .ok_or_else(|| bad(format!("{STATE_FILE} has no checksum of {file}")))?;
+        let path = dir.join(&file);
+        if !path.is_file() {
+            return Err(bad(format!("{file} is missing")));
+        }
+        if &file_hash(&path)? != want {
+            return Err(bad(format!(
+                "{file} does not match its checksum (damaged or changed after it was written)"
+            )));
+        }
+    }
+    let (ema_cfg, weights) = model_ckpt::load::<f32>(&dir.join(EMA_DIR))?;
+    if let Some((field, found, expected)) = config_difference(&ema_cfg, cfg) {
+        return Err(bad(format!(
+            "{EMA_DIR}/{}: {field} is {found}, the model's is {expected}",
+            model_ckpt::CONFIG_FILE
+        )));
+    }
+    Ok(Some(weights))
 }
 
 pub use model_ckpt::config_to_json;

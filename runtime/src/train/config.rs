@@ -319,6 +319,12 @@ pub struct RunConfig {
     pub checkpoint_every: u64,
     /// Checkpoints kept (at least 1).
     pub keep: usize,
+    /// Per-step decay of an exponential moving average of the weights
+    /// (`--ema`; `None`: none kept). The average never feeds the training
+    /// step: each evaluation scores it beside the trained weights, and
+    /// checkpoints save it. Runs saved before it was a setting kept none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema: Option<f64>,
 }
 
 /// AdamW's usual second-moment decay, the `--beta2` default.
@@ -369,6 +375,7 @@ pub enum Setting {
     LogEvery,
     CheckpointEvery,
     Keep,
+    Ema,
 }
 
 /// A setting a resume changed (only [`Setting::may_change`] ones).
@@ -390,7 +397,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 37] = [
+    pub const ALL: [Setting; 38] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -428,6 +435,7 @@ impl Setting {
         Self::LogEvery,
         Self::CheckpointEvery,
         Self::Keep,
+        Self::Ema,
     ];
 
     /// The flag, e.g. `--min-lr`.
@@ -470,6 +478,7 @@ impl Setting {
             Self::LogEvery => "--log-every",
             Self::CheckpointEvery => "--checkpoint-every",
             Self::Keep => "--keep",
+            Self::Ema => "--ema",
         }
     }
 
@@ -569,6 +578,7 @@ impl Setting {
             (Self::LogEvery, _) => with(cfg.log_every.to_string()),
             (Self::CheckpointEvery, _) => with(cfg.checkpoint_every.to_string()),
             (Self::Keep, _) => with(cfg.keep.to_string()),
+            (Self::Ema, _) => with(cfg.ema.map_or_else(|| "0".into(), |d| d.to_string())),
         }
     }
 
@@ -672,6 +682,14 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
         return Err(invalid(
             "--beta2",
             format!("must be in (0, 1), got {}", o.beta2),
+        ));
+    }
+    if let Some(d) = o.ema
+        && !(d.is_finite() && d > 0.0 && d < 1.0)
+    {
+        return Err(invalid(
+            "--ema",
+            format!("must be in (0, 1) (0: off), got {d}"),
         ));
     }
     if o.min_lr > o.lr {
@@ -974,6 +992,7 @@ mod tests {
             log_every: 5,
             checkpoint_every: 0,
             keep: 1,
+            ema: None,
         }
     }
 
@@ -1005,5 +1024,32 @@ mod tests {
             ..a_run()
         })
         .unwrap();
+    }
+
+    #[test]
+    fn ema_decay_outside_the_open_unit_interval_is_refused_by_name() {
+        for bad in [0.0, 1.0, 1.5, -0.1, f64::NAN] {
+            let run = super::RunConfig {
+                ema: Some(bad),
+                ..a_run()
+            };
+            let err = super::validate(&run).unwrap_err().to_string();
+            assert!(err.contains("--ema"), "{bad}: {err}");
+        }
+        let run = super::RunConfig {
+            ema: Some(0.999),
+            ..a_run()
+        };
+        super::validate(&run).unwrap();
+        assert_eq!(
+            super::Setting::Ema.describe(&run).as_deref(),
+            Some("--ema 0.999")
+        );
+        // Runs saved before the setting kept no average, and one without an
+        // average does not write the key.
+        let json = serde_json::to_value(a_run()).unwrap();
+        assert!(json.get("ema").is_none());
+        let old: super::RunConfig = serde_json::from_value(json).unwrap();
+        assert_eq!(old.ema, None);
     }
 }

@@ -353,6 +353,16 @@ impl TrainEngine for CpuEngine {
         self.last = None;
         Ok(())
     }
+
+    fn weights(&mut self) -> Result<Weights<f32>, EngineError> {
+        Ok(self.weights.clone())
+    }
+
+    fn set_weights(&mut self, weights: &Weights<f32>) -> Result<(), EngineError> {
+        check_weights(&self.cfg, weights)?;
+        self.weights.clone_from(weights);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -289,6 +289,17 @@ pub trait TrainEngine {
     fn export_state(&mut self) -> Result<EngineState, EngineError>;
     /// Replaces weights, moments and counters (resume).
     fn import_state(&mut self, state: EngineState) -> Result<(), EngineError>;
+    /// The f32 (master) weights alone: what a weight average reads.
+    fn weights(&mut self) -> Result<Weights<f32>, EngineError> {
+        Ok(self.export_state()?.weights)
+    }
+    /// Replaces the f32 (master) weights alone, re-deriving any compute
+    /// copy from them; moments and counters stay. Putting back weights read
+    /// with [`Self::weights`] restores the engine exactly (a bf16 copy is
+    /// the master rounded to nearest even, as every AdamW update leaves
+    /// it), so a training run that evaluates other weights in between goes
+    /// on bit-identically.
+    fn set_weights(&mut self, weights: &Weights<f32>) -> Result<(), EngineError>;
 }
 
 /// The `in_proj` rows producing the rotation angles, per layer: frozen (and

@@ -219,6 +219,25 @@ where
         Ok(())
     }
 
+    /// Writes `weights` into the f32 masters (into the existing
+    /// allocations: the captured pointers stay valid) and re-derives the
+    /// compute copies.
+    fn upload_masters(&mut self, weights: &Weights<f32>) -> Result<(), EngineError> {
+        let gpu = &self.gpu;
+        for (dst, src) in self
+            .step
+            .weights
+            .master_mut()
+            .tensors_mut()
+            .into_iter()
+            .zip(weights.tensors())
+        {
+            gpu.copy_from_host(src, dst)?;
+        }
+        self.step.weights.masters_changed(gpu)?;
+        Ok(())
+    }
+
     fn eval_chunk(&mut self, batch: &Batch) -> Result<EvalOutput, EngineError> {
         let (rows, len) = (batch.rows, batch.seq_len());
         if !self.eval.contains_key(&(rows, len)) {
@@ -398,19 +417,8 @@ where
         state.check(&self.cfg)?;
         let adam_steps = i32::try_from(state.adam_steps)
             .map_err(|_| EngineError::AdamStepsOverflow(state.adam_steps))?;
+        self.upload_masters(&state.weights)?;
         let gpu = &self.gpu;
-        // Into the existing allocations: the captured pointers stay valid.
-        for (dst, src) in self
-            .step
-            .weights
-            .master_mut()
-            .tensors_mut()
-            .into_iter()
-            .zip(state.weights.tensors())
-        {
-            gpu.copy_from_host(src, dst)?;
-        }
-        self.step.weights.masters_changed(gpu)?;
         let adam = &mut self.step.adam;
         for ((dm, dv), (m, v)) in adam
             .m
@@ -429,6 +437,15 @@ where
         self.last = None;
         self.stepped = false;
         Ok(())
+    }
+
+    fn weights(&mut self) -> Result<Weights<f32>, EngineError> {
+        Ok(self.step.weights.master().download(&self.gpu)?)
+    }
+
+    fn set_weights(&mut self, weights: &Weights<f32>) -> Result<(), EngineError> {
+        check_weights(&self.cfg, weights)?;
+        self.upload_masters(weights)
     }
 }
 

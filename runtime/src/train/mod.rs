@@ -15,6 +15,7 @@ pub mod config;
 pub mod cpu;
 pub mod data;
 pub mod dynamics;
+pub mod ema;
 pub mod engine;
 pub mod gpu;
 pub mod memory;

@@ -91,6 +91,15 @@ impl MetricsLog {
         }))
     }
 
+    /// One eval set's score of the weight average (`--ema`), as
+    /// [`Self::eval`] writes the trained weights' under `"kind": "eval_ema"`.
+    pub fn eval_ema(&mut self, step: u64, r: &EvalResult) -> Result<(), TrainError> {
+        self.write(&json!({
+            "kind": "eval_ema", "step": step, "set": r.label, "length": r.length,
+            "loss": finite(r.loss), "accuracy": r.accuracy, "count": r.count,
+        }))
+    }
+
     /// Any other record (a resume and what it changed).
     pub fn event(&mut self, v: &Value) -> Result<(), TrainError> {
         self.write(v)

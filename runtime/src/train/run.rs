@@ -32,6 +32,7 @@ use super::config::{self, Change, Device, Rotation, RunConfig, Setting};
 use super::cpu::CpuEngine;
 use super::data::{Batch, DataSpec, Dataset, EvalSet};
 use super::dynamics::{self, Dynamics};
+use super::ema::Ema;
 use super::engine::{OptimSettings, TrainEngine, rotation_rows};
 use super::gpu::{GpuBf16Engine, GpuF32Engine};
 use super::memory::{self, Holder};
@@ -121,6 +122,9 @@ pub struct RunSummary {
     pub skipped: u64,
     /// Last evaluation.
     pub eval: Vec<EvalResult>,
+    /// The weight average's scores at the last evaluation (`--ema`; empty
+    /// without one).
+    pub eval_ema: Vec<EvalResult>,
     /// Newest checkpoint (written, or found finished).
     pub checkpoint: Option<PathBuf>,
     /// The plot.
@@ -315,6 +319,7 @@ fn already_finished(found: &Found, run: &RunConfig, dir: Option<&RunDir>) -> Run
         last_loss: None,
         skipped: found.train.skipped,
         eval: Vec::new(),
+        eval_ema: Vec::new(),
         checkpoint: Some(found.dir.clone()),
         plot: None,
         elapsed: Duration::ZERO,
@@ -474,7 +479,7 @@ fn evaluate(
     }))
 }
 
-fn eval_line(step: u64, results: &[EvalResult]) -> String {
+fn eval_parts(results: &[EvalResult]) -> String {
     let parts: Vec<String> = results
         .iter()
         .map(|r| {
@@ -486,7 +491,40 @@ fn eval_line(step: u64, results: &[EvalResult]) -> String {
             )
         })
         .collect();
-    format!("eval @ {step}  {}", parts.join(" | "))
+    parts.join(" | ")
+}
+
+fn eval_line(step: u64, results: &[EvalResult]) -> String {
+    format!("eval @ {step}  {}", eval_parts(results))
+}
+
+/// Scores every eval set with `weights` in place of the trained ones, then
+/// puts the trained weights back (exactly: [`TrainEngine::set_weights`]),
+/// also when a stop cuts the scoring short (`None`).
+fn evaluate_weights(
+    engine: &mut dyn TrainEngine,
+    weights: &Weights<f32>,
+    sets: &[EvalSet],
+    budget: usize,
+    stop: &Stop,
+) -> Result<Option<Vec<EvalResult>>, TrainError> {
+    let trained = engine.weights()?;
+    engine.set_weights(weights)?;
+    let mut scores = Vec::with_capacity(sets.len());
+    let mut outcome = Ok(());
+    for set in sets {
+        match evaluate(engine, set, budget, stop) {
+            Ok(Some(r)) => scores.push(r),
+            Ok(None) => break,
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
+        }
+    }
+    engine.set_weights(&trained)?;
+    outcome?;
+    Ok((scores.len() == sets.len()).then_some(scores))
 }
 
 /// Probes the model's dynamics on the longest eval set of a task run and
@@ -662,7 +700,17 @@ fn run_in(
     );
     let ckpt_root = run_dir.join(CHECKPOINTS_DIR);
     let gated = data.is_gated();
+    let mut ema = run.ema.map(|decay| {
+        Ema::restored(
+            decay,
+            start
+                .resumed
+                .as_ref()
+                .and_then(|(found, _)| found.ema.clone()),
+        )
+    });
     let save = |engine: &mut dyn TrainEngine,
+                avg: Option<&Weights<f32>>,
                 step: u64,
                 pos: super::data::DataPosition,
                 last_loss: f64|
@@ -683,7 +731,7 @@ fn run_in(
             data_smoothed_loss: pos.smoothed_loss.filter(|_| gated).map(|l| l.to_string()),
             data_last_loss: gated.then(|| last_loss.to_string()),
         };
-        let dir = checkpoint::save(&ckpt_root, &start.cfg, &state, &tstate, run.keep)?;
+        let dir = checkpoint::save(&ckpt_root, &start.cfg, &state, avg, &tstate, run.keep)?;
         stop.checkpointed(&dir);
         Ok(dir)
     };
@@ -694,6 +742,7 @@ fn run_in(
     let budget = run.batch * (width - 1);
     let (mut first, mut recent) = (Vec::new(), VecDeque::new());
     let mut last_eval = Vec::new();
+    let mut last_eval_ema = Vec::new();
     let mut last_dynamics = None;
     let mut last_ckpt = None;
     let mut step = at;
@@ -735,6 +784,11 @@ fn run_in(
                 "step {step}: non-finite gradient (norm {}), update skipped ({} so far)",
                 m.grad_norm, m.skipped_total
             ));
+        }
+        if let Some(e) = &mut ema
+            && Ema::due(step)
+        {
+            e.fold(&engine.weights()?);
         }
         if first.len() < 2 * SUMMARY_STEPS {
             first.push((step, m.loss));
@@ -780,6 +834,16 @@ fn run_in(
                         line.push_str(&format!(" | training sizes <= {n}"));
                     }
                 }
+                if let Some(avg) = ema.as_ref().and_then(Ema::weights)
+                    && let Some(scores) =
+                        evaluate_weights(engine.as_mut(), avg, data.eval_sets(), budget, stop)?
+                {
+                    for r in &scores {
+                        log.eval_ema(step, r)?;
+                    }
+                    line.push_str(&format!(" | ema {}", eval_parts(&scores)));
+                    last_eval_ema = scores;
+                }
                 progress.line(&line);
                 last_eval = results;
                 if opts.log_dynamics {
@@ -794,7 +858,8 @@ fn run_in(
             || (run.checkpoint_every > 0 && step.is_multiple_of(run.checkpoint_every))
         {
             log.flush()?;
-            last_ckpt = Some(save(engine.as_mut(), step, pos, m.loss)?);
+            let avg = ema.as_ref().and_then(Ema::weights);
+            last_ckpt = Some(save(engine.as_mut(), avg, step, pos, m.loss)?);
         }
         if stopping && !at_end {
             status = RunStatus::Stopped;
@@ -814,6 +879,7 @@ fn run_in(
         last_loss,
         skipped,
         eval: last_eval,
+        eval_ema: last_eval_ema,
         checkpoint: last_ckpt,
         plot,
         elapsed: t0.elapsed(),

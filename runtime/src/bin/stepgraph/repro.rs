@@ -100,6 +100,11 @@ struct StArgs {
     /// (`stepgraph train --dt-init`).
     #[arg(long, value_name = "MIN,MAX")]
     dt_init: Option<DtInit>,
+    /// Report the scores of a moving average of each run's weights with
+    /// this per-step decay, in (0, 1) (`stepgraph train --ema`); the
+    /// trained weights' scores stay in the per-run table.
+    #[arg(long, value_parser = crate::parse::open_fraction, allow_negative_numbers = true)]
+    ema: Option<f64>,
     /// Instead of training, merge the output directories of several parts
     /// (comma-separated) into one table in --out.
     #[arg(
@@ -108,7 +113,7 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "jobs", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "d_model", "headdim",
-            "curriculum_gate", "dt_init",
+            "curriculum_gate", "dt_init", "ema",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -121,7 +126,7 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
             "steps", "curriculum", "batch", "lr", "d_model", "headdim", "curriculum_gate",
-            "dt_init", "merge", "out",
+            "dt_init", "ema", "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -174,6 +179,7 @@ fn options(a: &StArgs) -> ReproOptions {
             headdim: a.headdim,
             curriculum_gate: a.curriculum_gate,
             dt_init: a.dt_init,
+            ema: a.ema,
         },
     }
 }

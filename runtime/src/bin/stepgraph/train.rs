@@ -160,6 +160,12 @@ pub struct Args {
     /// Checkpoints kept (the newest ones of this run).
     #[arg(long, default_value_t = 3, value_parser = at_least_one)]
     keep: usize,
+    /// Keep an exponential moving average of the weights with this
+    /// per-step decay, in [0, 1) (0: none; 0.999 averages about the last
+    /// thousand steps). Every evaluation also scores the average, and
+    /// checkpoints save it in ema/ as a model `stepgraph eval` loads.
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true)]
+    ema: f64,
     /// Run directory, created for this run (default: runs/<UTC timestamp>);
     /// an existing one must be empty.
     #[arg(long)]
@@ -351,6 +357,7 @@ fn run_config(a: &Args) -> RunConfig {
         log_every: a.log_every,
         checkpoint_every: a.checkpoint_every,
         keep: a.keep,
+        ema: (a.ema > 0.0).then_some(a.ema),
     }
 }
 
