@@ -294,7 +294,8 @@ pub fn merge_metrics(results: &[RunResult], path: &Path) -> Result<(), ReproErro
 }
 
 /// One plot per task: the scaled accuracy at the reported length over
-/// steps, one line per run, a colour per rotation mode. Returns the files.
+/// steps (the weight average's where a run kept one), one line per run, a
+/// colour per rotation mode. Returns the files.
 pub fn plots(
     results: &[RunResult],
     tasks: &[Task],
@@ -309,7 +310,13 @@ pub fn plots(
             let Ok(series) = eval_accuracy(&r.dir) else {
                 continue;
             };
-            let Some(points) = series.get(&label) else {
+            // The reported series: the weight average's when the run kept one.
+            let key = if r.eval_ema.is_empty() {
+                label.clone()
+            } else {
+                format!("{label} ema")
+            };
+            let Some(points) = series.get(&key) else {
                 continue;
             };
             let group = match r.job.rotation {

@@ -47,8 +47,12 @@ fn read_metrics(path: &Path) -> Result<Metrics, TrainError> {
                     m.train.push((step, l));
                 }
             }
-            Some("eval") => {
-                let set = v["set"].as_str().unwrap_or("eval").to_owned();
+            Some(kind @ ("eval" | "eval_ema")) => {
+                let mut set = v["set"].as_str().unwrap_or("eval").to_owned();
+                // The weight average's scores (`--ema`) are series of their own.
+                if kind == "eval_ema" {
+                    set.push_str(" ema");
+                }
                 if let Some(l) = v["loss"].as_f64() {
                     m.eval_loss.entry(set.clone()).or_default().push((step, l));
                 }
@@ -374,6 +378,17 @@ mod tests {
             5,
             "three lines, two legend marks"
         );
+    }
+
+    #[test]
+    fn the_weight_average_is_a_series_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "{\"kind\":\"eval\",\"step\":10,\"set\":\"len 8\",\"loss\":1.0,\"accuracy\":0.5}\n\
+                    {\"kind\":\"eval_ema\",\"step\":10,\"set\":\"len 8\",\"loss\":0.5,\"accuracy\":0.75}\n";
+        std::fs::write(dir.path().join(METRICS_FILE), text).unwrap();
+        let acc = eval_accuracy(dir.path()).unwrap();
+        assert_eq!(acc["len 8"], vec![(10.0, 50.0)]);
+        assert_eq!(acc["len 8 ema"], vec![(10.0, 75.0)]);
     }
 
     #[test]
