@@ -32,6 +32,8 @@ fn repro(
         device: Device::Cuda,
         out: Some(out.to_path_buf()),
         jobs,
+        // Every GPU the driver lists.
+        gpus: Vec::new(),
         quick: true,
         tasks: tasks.to_vec(),
         rotations: rotations.to_vec(),

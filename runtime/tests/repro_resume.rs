@@ -21,6 +21,7 @@ fn options(out: &Path, time_limit: Option<Duration>) -> ReproOptions {
         device: Device::Cpu,
         out: Some(out.to_path_buf()),
         jobs: 1,
+        gpus: Vec::new(),
         quick: true,
         tasks: vec![Task::Parity],
         rotations: vec![Rotation::Data, Rotation::None],
@@ -40,7 +41,7 @@ fn outcome(results: &[RunResult], rotation: Rotation) -> &RunResult {
 fn resume_logged(dir: &Path) -> (ReproReport, Vec<String>) {
     let lines = std::sync::Mutex::new(Vec::new());
     let log = |l: &str| lines.lock().unwrap().push(l.to_owned());
-    let report = resume(dir, None, None, &Stop::new(), &log).unwrap();
+    let report = resume(dir, None, &[], None, &Stop::new(), &log).unwrap();
     (report, lines.into_inner().unwrap())
 }
 
@@ -110,7 +111,7 @@ fn a_stopped_table_resumed_ends_as_an_uninterrupted_one() {
     );
 
     // Resuming a finished table trains nothing and keeps it.
-    let again = resume(&part_dir, None, None, &Stop::new(), &quiet).unwrap();
+    let again = resume(&part_dir, None, &[], None, &Stop::new(), &quiet).unwrap();
     assert!(again.results.iter().all(|r| r.outcome == Outcome::Finished));
 }
 
@@ -179,7 +180,7 @@ fn what_a_run_needs_follows_its_outcome_and_directory() {
 #[test]
 fn a_directory_that_is_no_table_is_an_error_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let e = resume(dir.path(), None, None, &Stop::new(), &|_: &str| {}).unwrap_err();
+    let e = resume(dir.path(), None, &[], None, &Stop::new(), &|_: &str| {}).unwrap_err();
     assert_eq!(e.exit_code(), 1);
     assert!(e.to_string().contains("table.json"), "{e}");
 }

@@ -66,6 +66,7 @@ fn options(run_dir: &Path, steps: u64) -> TrainOptions {
         stop_after: None,
         progress: ProgressMode::Quiet,
         log_dynamics: false,
+        gpu: 0,
     }
 }
 
@@ -81,6 +82,7 @@ fn resume(run: &Path, typed: RunConfig, given: Vec<Setting>) -> TrainOptions {
         stop_after: None,
         progress: ProgressMode::Quiet,
         log_dynamics: false,
+        gpu: 0,
     }
 }
 

@@ -157,6 +157,22 @@ pub struct Gpu {
     _teardown_ends: gate::TeardownEnds,
 }
 
+/// How many GPUs the driver lists (after `CUDA_VISIBLE_DEVICES`): the
+/// ordinals a context can be opened on are `0..count`.
+pub fn device_count() -> Result<usize, GpuError> {
+    if !probe::driver_present() {
+        return Err(GpuError::NoDriver {
+            tried: "libcuda.so, libcuda.so.1".to_owned(),
+        });
+    }
+    match CudaContext::device_count() {
+        Ok(n) => Ok(usize::try_from(n).unwrap_or(0)),
+        Err(e) => Err(GpuError::NoDevice {
+            detail: format!("{e}"),
+        }),
+    }
+}
+
 impl Gpu {
     /// A context that compiles and loads `modules`; see the [module
     /// docs](self) for what happens, in order. (`Gpu::new` and

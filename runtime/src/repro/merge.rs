@@ -350,6 +350,7 @@ pub fn merge(parts: &[PathBuf], out: Option<&Path>) -> Result<ReproReport, Repro
         device: head.device,
         out: Some(out.clone()),
         jobs,
+        gpus: Vec::new(),
         quick: head.quick,
         tasks,
         rotations,

@@ -105,6 +105,11 @@ pub struct ReproOptions {
     pub out: Option<PathBuf>,
     /// Runs trained at once.
     pub jobs: usize,
+    /// The GPUs the runs share (ordinals; empty: every GPU the driver
+    /// lists). Worker `k` trains on the `k % len`-th, so `jobs` runs spread
+    /// evenly over them. Not a setting of the table: a later visit may use
+    /// other GPUs.
+    pub gpus: Vec<usize>,
     /// Smoke-test recipes (a few steps on tiny instances).
     pub quick: bool,
     /// Columns.
@@ -246,7 +251,7 @@ pub fn state_tracking(
     line: &(dyn Fn(&str) + Sync),
 ) -> Result<ReproReport, ReproError> {
     validate(opts)?;
-    let (device, notice) = open_device(opts.device, opts.precision)?;
+    let (device, gpus, notice) = open_device(opts.device, opts.precision, &opts.gpus)?;
     let out = claim_out(opts.out.as_deref())?;
     // A provisional table.json names the whole table at once, so that a
     // table whose process was killed outright can still be resumed.
@@ -266,32 +271,67 @@ pub fn state_tracking(
     .collect();
     let results_path = out.join("results.jsonl");
     let results_file = std::fs::File::create(&results_path).map_err(io(&results_path))?;
-    let results = drain(opts, device, &out, queue, results_file, stop, line);
+    let results = drain(opts, device, &gpus, &out, queue, results_file, stop, line);
     let mut report = report_runs(opts, out, results, t0.elapsed(), device, "")?;
     report.notice = notice;
     Ok(report)
 }
 
-/// The device the runs train on, and the notice of an `auto` that fell back
-/// to the CPU. Opening it here compiles the kernels into the disk cache
-/// once, before the workers each open their own context and load them.
+/// The device the runs train on, the GPUs they share (`gpus`, or every
+/// GPU when it is empty; none on the CPU), and the notice of an `auto` that
+/// fell back to the CPU. Opening the first GPU here compiles the kernels
+/// into the disk cache once, before the workers each open their own
+/// context and load them; an ordinal the driver does not list is refused
+/// naming `--gpus`.
 fn open_device(
     device: Device,
     precision: Precision,
-) -> Result<(Device, Option<String>), ReproError> {
-    Ok(match resolve_device(device, precision)? {
-        Resolved::Cpu(notice) => (Device::Cpu, notice),
-        Resolved::Cuda(_) => (Device::Cuda, None),
+    gpus: &[usize],
+) -> Result<(Device, Vec<usize>, Option<String>), ReproError> {
+    let first = gpus.first().copied().unwrap_or(0);
+    Ok(match resolve_device(device, precision, first)? {
+        Resolved::Cpu(notice) => (Device::Cpu, Vec::new(), notice),
+        Resolved::Cuda(_) => {
+            let count = crate::device::device_count()
+                .map_err(|source| ReproError::Train(TrainError::NoGpu { source }))?;
+            (Device::Cuda, gpu_list(gpus, count)?, None)
+        }
     })
+}
+
+/// `gpus` checked against the `count` GPUs the driver lists (every one
+/// when `gpus` is empty).
+fn gpu_list(gpus: &[usize], count: usize) -> Result<Vec<usize>, ReproError> {
+    if gpus.is_empty() {
+        return Ok((0..count.max(1)).collect());
+    }
+    if let Some(g) = gpus.iter().find(|&&g| g >= count) {
+        return Err(invalid(
+            "--gpus",
+            format!("GPU {g} does not exist: the driver lists {count} (0..{count})"),
+        ));
+    }
+    Ok(gpus.to_vec())
+}
+
+/// The GPU worker `k` of a table trains on: the workers go round `gpus`
+/// (GPU 0 when the list is empty: CPU runs ignore it).
+fn worker_gpu(gpus: &[usize], k: usize) -> usize {
+    gpus.get(k % gpus.len().max(1)).copied().unwrap_or(0)
 }
 
 /// Trains `queue` with `opts.jobs` workers into `out/runs`, appending each
 /// result to `results_file` (`results.jsonl`) and announcing it through
 /// `line` as it ends; `opts.time_limit`, counted from the call, stops the
 /// runs as a signal would.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the table's parts, each used once; a struct would only rename them"
+)]
 fn drain(
     opts: &ReproOptions,
     device: Device,
+    gpus: &[usize],
     out: &Path,
     queue: Vec<(runner::Job, Start)>,
     results_file: std::fs::File,
@@ -326,8 +366,12 @@ fn drain(
             let finished = &finished;
             s.spawn(move || watchdog(limit, t0, stop, finished));
         }
+        let (plan, done) = (&plan, &done);
         let workers: Vec<_> = (0..opts.jobs.min(total.max(1)))
-            .map(|_| s.spawn(|| runner::work(&plan, &done)))
+            .map(|k| {
+                let gpu = worker_gpu(gpus, k);
+                s.spawn(move || runner::work(plan, gpu, done))
+            })
             .collect();
         for w in workers {
             // A worker that panicked has lost only its own run.
@@ -497,6 +541,7 @@ fn header_json(opts: &ReproOptions, device: Device, wall: Duration, complete: bo
         "seeds": opts.seeds,
         "quick": opts.quick,
         "jobs": opts.jobs,
+        "gpus": opts.gpus,
         "wall_s": wall.as_secs_f64(),
         "overrides": opts.overrides,
         "complete": complete,
@@ -513,4 +558,21 @@ fn write_results(results: &[RunResult], out: &Path, quick: bool) -> Result<(), R
         text.push('\n');
     }
     std::fs::write(&path, text).map_err(io(&path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_go_round_the_gpus() {
+        assert_eq!(gpu_list(&[], 4).unwrap(), vec![0, 1, 2, 3], "every GPU");
+        assert_eq!(gpu_list(&[2, 0], 4).unwrap(), vec![2, 0]);
+        let e = gpu_list(&[1, 4], 4).unwrap_err().to_string();
+        assert!(e.contains("--gpus") && e.contains("GPU 4"), "{e}");
+        let gpus = [3, 1];
+        let of: Vec<usize> = (0..5).map(|k| worker_gpu(&gpus, k)).collect();
+        assert_eq!(of, vec![3, 1, 3, 1, 3]);
+        assert_eq!(worker_gpu(&[], 7), 0, "CPU runs ignore it");
+    }
 }

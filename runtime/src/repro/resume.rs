@@ -63,11 +63,13 @@ pub fn next(outcome: &Outcome, dir: &Path) -> Next {
 }
 
 /// Continues the table in `dir` (see the module docs) with `jobs` runs at
-/// once (default: as many as it ran with) and an optional time limit for
-/// this visit; `line` gets one line per run as it ends.
+/// once (default: as many as it ran with) on `gpus` (empty: every GPU) and
+/// an optional time limit for this visit; `line` gets one line per run as
+/// it ends.
 pub fn resume(
     dir: &Path,
     jobs: Option<usize>,
+    gpus: &[usize],
     time_limit: Option<Duration>,
     stop: &Stop,
     line: &(dyn Fn(&str) + Sync),
@@ -81,7 +83,7 @@ pub fn resume(
     } else {
         Vec::new()
     };
-    let (device, notice) = open_device(head.device, head.precision)?;
+    let (device, gpus, notice) = open_device(head.device, head.precision, gpus)?;
     let Selection {
         tasks,
         rotations,
@@ -96,6 +98,7 @@ pub fn resume(
         device,
         out: Some(dir.to_path_buf()),
         jobs: jobs.unwrap_or(head.jobs).max(1),
+        gpus: gpus.clone(),
         quick: head.quick,
         tasks,
         rotations,
@@ -156,7 +159,7 @@ pub fn resume(
         .open(&results_path)
         .map_err(io(&results_path))?;
     let t0 = Instant::now();
-    let trained = drain(&opts, device, dir, queue, results_file, stop, line);
+    let trained = drain(&opts, device, &gpus, dir, queue, results_file, stop, line);
     let mut runs = saved;
     for mut r in trained {
         if let Some(earlier) = runs.iter_mut().find(|x| x.job == r.job) {

@@ -170,9 +170,10 @@ pub fn jobs(
     out
 }
 
-/// Takes jobs off the queue until it is empty or a stop is requested;
-/// `done` is called with each result as it comes (in completion order).
-pub fn work(plan: &Plan<'_>, done: &(dyn Fn(RunResult) + Sync)) {
+/// Takes jobs off the queue until it is empty or a stop is requested,
+/// training each on GPU `gpu` (for GPU runs); `done` is called with each
+/// result as it comes (in completion order).
+pub fn work(plan: &Plan<'_>, gpu: usize, done: &(dyn Fn(RunResult) + Sync)) {
     loop {
         let next = plan
             .queue
@@ -182,11 +183,11 @@ pub fn work(plan: &Plan<'_>, done: &(dyn Fn(RunResult) + Sync)) {
         let Some((job, start)) = next else {
             return;
         };
-        done(run(plan, job, start));
+        done(run(plan, job, start, gpu));
     }
 }
 
-fn run(plan: &Plan<'_>, job: Job, start: Start) -> RunResult {
+fn run(plan: &Plan<'_>, job: Job, start: Start, gpu: usize) -> RunResult {
     let r: Recipe = recipe_with(job.task, plan.quick, &plan.overrides);
     let dir = plan.runs_dir.join(job.name());
     let mut result = RunResult {
@@ -220,6 +221,7 @@ fn run(plan: &Plan<'_>, job: Job, start: Start) -> RunResult {
         stop_after: None,
         progress: ProgressMode::Quiet,
         log_dynamics: true,
+        gpu,
     };
     let t0 = Instant::now();
     let summary = train(&opts, plan.stop);

@@ -65,6 +65,9 @@ pub struct TrainOptions {
     /// dynamics on a few rows of the longest eval set
     /// ([`super::dynamics`]) and log them (`"kind": "dynamics"`).
     pub log_dynamics: bool,
+    /// The GPU (ordinal) a GPU run trains on (`--gpu`). Not a setting of
+    /// the run: a resume may continue it on another.
+    pub gpu: usize,
 }
 
 /// `--resume`: where, and which settings the user typed again.
@@ -152,16 +155,20 @@ pub enum Resolved {
 }
 
 /// Resolves `--device` / `--precision` to the engine that will run: `auto`
-/// is the GPU when `Gpu::new(0)` succeeds, else the CPU with a one-line
+/// is GPU `gpu` when a context opens on it, else the CPU with a one-line
 /// notice; `cuda` without a usable GPU is an error naming why.
-pub fn resolve_device(device: Device, precision: Precision) -> Result<Resolved, TrainError> {
+pub fn resolve_device(
+    device: Device,
+    precision: Precision,
+    gpu: usize,
+) -> Result<Resolved, TrainError> {
     let resolved = match device {
         Device::Cpu => Resolved::Cpu(None),
-        Device::Cuda => match Gpu::new(0) {
+        Device::Cuda => match Gpu::new(gpu) {
             Ok(gpu) => Resolved::Cuda(Box::new(gpu)),
             Err(source) => return Err(TrainError::NoGpu { source }),
         },
-        Device::Auto => match Gpu::new(0) {
+        Device::Auto => match Gpu::new(gpu) {
             Ok(gpu) => Resolved::Cuda(Box::new(gpu)),
             Err(e) => Resolved::Cpu(Some(format!(
                 "notice: no usable GPU ({}); training on the CPU (f32 reference)",
@@ -267,7 +274,7 @@ pub fn train(opts: &TrainOptions, stop: &Stop) -> Result<RunSummary, TrainError>
         }
     };
     let cfg = config::model_config(run.model, config::vocab_of(&run.data))?;
-    let resolved = resolve_device(run.device, run.precision)?;
+    let resolved = resolve_device(run.device, run.precision, opts.gpu)?;
     let (train_width, eval_widths) = widths(&run.data);
     let holder = match (&resolved, run.precision) {
         (Resolved::Cpu(_), _) => Holder::Cpu,

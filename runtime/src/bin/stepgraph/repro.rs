@@ -60,6 +60,10 @@ struct StArgs {
     /// Runs trained at once (default: 16 on the GPU, 1 on the CPU).
     #[arg(long, value_parser = at_least_one)]
     jobs: Option<usize>,
+    /// GPUs the runs share, by ordinal (comma-separated; default: every GPU
+    /// the driver lists); the --jobs runs go round them.
+    #[arg(long, value_delimiter = ',')]
+    gpus: Vec<usize>,
     /// Smoke test: a few steps of tiny models on short instances.
     #[arg(long)]
     quick: bool,
@@ -111,7 +115,7 @@ struct StArgs {
         long,
         value_delimiter = ',',
         conflicts_with_all = [
-            "seeds", "first_seed", "precision", "device", "jobs", "quick", "tasks", "rotations",
+            "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "d_model", "headdim",
             "curriculum_gate", "dt_init", "ema",
         ]
@@ -119,8 +123,9 @@ struct StArgs {
     merge: Vec<PathBuf>,
     /// Continue the table in this output directory: stopped runs from their
     /// checkpoints, skipped ones from the start; finished ones are kept, and
-    /// the table, its files and plots are rewritten there. Takes --jobs and
-    /// --time-limit; everything else is what the table was run with.
+    /// the table, its files and plots are rewritten there. Takes --jobs,
+    /// --gpus and --time-limit; everything else is what the table was run
+    /// with.
     #[arg(
         long,
         conflicts_with_all = [
@@ -148,6 +153,7 @@ fn options(a: &StArgs) -> ReproOptions {
         precision: a.precision,
         device,
         out: a.out.clone(),
+        gpus: a.gpus.clone(),
         jobs: a
             .jobs
             .unwrap_or(if matches!(device, Device::Cpu) { 1 } else { 16 }),
@@ -219,7 +225,7 @@ pub fn run(args: &Args) -> ExitCode {
     if let Some(dir) = &a.resume {
         let limit = a.time_limit.map(Duration::from_secs);
         return finish(
-            resume(dir, a.jobs, limit, &stop, &print),
+            resume(dir, a.jobs, &a.gpus, limit, &stop, &print),
             "over all its visits",
         );
     }

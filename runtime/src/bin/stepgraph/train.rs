@@ -187,6 +187,10 @@ pub struct Args {
     /// "kind": "dynamics").
     #[arg(long, conflicts_with = "data")]
     log_dynamics: bool,
+    /// The GPU to train on (its ordinal, 0 = the first the driver lists);
+    /// a resumed run may continue on another.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -389,6 +393,7 @@ fn options(a: &Args, m: &ArgMatches) -> TrainOptions {
             ProgressArg::Quiet => ProgressMode::Quiet,
         },
         log_dynamics: a.log_dynamics,
+        gpu: a.gpu,
     }
 }
 
