@@ -8,38 +8,55 @@
 //! longer terms. The README's round 14 reads its checkpoints this way.
 //!
 //! ```sh
-//! cargo run --release --example arith_terms -- CHECKPOINT SIZE [ROWS] [SEED]
+//! cargo run --release --example arith_terms -- CHECKPOINT SIZE [ROWS] [SEED] [sums|products]
 //! ```
 //!
 //! SIZE counts operands (the training size of the table's recipe is 80, the
 //! reported one 128); ROWS (default 512) instances are drawn from the
-//! held-out split with SEED (default 1).
+//! held-out split with SEED (default 1). `sums` and `products` score
+//! rows outside the task's distribution that isolate one half of it:
+//! `sums` turns every `*` into a random `+` or `-` (only additions of
+//! signed operands), `products` makes every operator `*` and every operand
+//! non-zero (one zero-free product of SIZE factors); accuracy that falls
+//! with SIZE in one of them locates the inexact rotation.
 
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use stepgraph::mamba3::checkpoint;
 use stepgraph::mamba3::cpu::{ScanMode, Tokens, forward};
-use stepgraph::train::data::arith::{MODULUS, longest_unit_term};
+use stepgraph::train::data::arith::{MINUS, MODULUS, PLUS, TIMES, longest_unit_term};
 use stepgraph::train::data::{Batch, Task};
 
 /// Terms of this many operands and more share the last bucket.
 const LONG: usize = 6;
+
+/// Which rows are scored.
+#[derive(Clone, Copy, PartialEq)]
+enum Rows {
+    /// The task's own held-out rows.
+    Task,
+    /// Only `+` and `-`.
+    Sums,
+    /// Only `*`, operands 1-4.
+    Products,
+}
 
 struct Args {
     checkpoint: PathBuf,
     size: usize,
     rows: usize,
     seed: u64,
+    kind: Rows,
 }
 
 fn main() -> ExitCode {
     let Some(args) = parse(std::env::args().skip(1).collect()) else {
-        eprintln!("usage: arith_terms CHECKPOINT SIZE>=1 [ROWS>=1] [SEED]");
+        eprintln!("usage: arith_terms CHECKPOINT SIZE>=1 [ROWS>=1] [SEED] [sums|products]");
         return ExitCode::from(2);
     };
     match run(&args) {
@@ -53,7 +70,7 @@ fn main() -> ExitCode {
 
 fn parse(v: Vec<String>) -> Option<Args> {
     let positive = |s: &String| s.parse::<usize>().ok().filter(|&n| n >= 1);
-    if !(2..=4).contains(&v.len()) {
+    if !(2..=5).contains(&v.len()) {
         return None;
     }
     Some(Args {
@@ -61,6 +78,12 @@ fn parse(v: Vec<String>) -> Option<Args> {
         size: positive(&v[1])?,
         rows: v.get(2).map_or(Some(512), positive)?,
         seed: v.get(3).map_or(Some(1), |s| s.parse().ok())?,
+        kind: match v.get(4).map(String::as_str) {
+            None => Rows::Task,
+            Some("sums") => Rows::Sums,
+            Some("products") => Rows::Products,
+            Some(_) => return None,
+        },
     })
 }
 
@@ -69,7 +92,11 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let task = Task::ModarithPrec;
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
     let examples: Vec<_> = (0..args.rows)
-        .map(|_| task.sample(args.size, true, &mut rng))
+        .map(|_| {
+            let mut ex = task.sample(args.size, true, &mut rng);
+            restrict(&mut ex.tokens, ex.answers[0], args.kind, &mut rng);
+            ex
+        })
         .collect();
     // The rows as training lays them out; an id the checkpoint's vocabulary
     // lacks (a checkpoint of another task) is refused by `Tokens`.
@@ -97,9 +124,14 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let right: usize = buckets.values().map(|b| b.0).sum();
     let acc = fraction(right, args.rows);
     println!(
-        "{} operands, {} held-out rows: accuracy {:.1}% ({:.1} scaled)",
+        "{} operands, {} held-out rows{}: accuracy {:.1}% ({:.1} scaled)",
         args.size,
         args.rows,
+        match args.kind {
+            Rows::Task => "",
+            Rows::Sums => " made sums (no `*`)",
+            Rows::Products => " made products (only `*`, no 0)",
+        },
         100.0 * acc,
         100.0 * task.scaled_accuracy(acc)
     );
@@ -113,6 +145,33 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         println!("{label:>3} | {n:>5} | {:5.1}%", 100.0 * fraction(*r, *n));
     }
     Ok(())
+}
+
+/// Rewrites the expression `tokens[..eq]` (then its answer after `=`) into
+/// the rows `kind` asks for; the task's own rows stay as drawn.
+fn restrict(tokens: &mut [u32], eq: usize, kind: Rows, rng: &mut ChaCha20Rng) {
+    if kind == Rows::Task {
+        return;
+    }
+    for (i, t) in tokens[..eq].iter_mut().enumerate() {
+        match (kind, i % 2) {
+            (Rows::Sums, 1) if *t == TIMES => *t = rng.random_range(PLUS..=MINUS),
+            (Rows::Products, 1) => *t = TIMES,
+            (Rows::Products, _) if *t == 0 => *t = rng.random_range(1..MODULUS),
+            _ => {}
+        }
+    }
+    // Both kinds hold one operator type, so the value is a plain fold.
+    let mut value = tokens[0];
+    for pair in tokens[1..eq].chunks(2) {
+        let (op, a) = (pair[0], pair[1]);
+        value = match op {
+            PLUS => (value + a) % MODULUS,
+            MINUS => (value + MODULUS - a) % MODULUS,
+            _ => value * a % MODULUS,
+        };
+    }
+    tokens[eq + 1] = value;
 }
 
 /// `part / whole` for counts (the rows here are far below 2^32).
