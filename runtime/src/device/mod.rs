@@ -188,19 +188,7 @@ impl Gpu {
         modules: &Modules,
         user: &UserModules,
     ) -> Result<Self, GpuError> {
-        if !probe::driver_present() {
-            return Err(GpuError::NoDriver {
-                tried: "libcuda.so, libcuda.so.1".to_owned(),
-            });
-        }
-        let count = match CudaContext::device_count() {
-            Ok(n) => usize::try_from(n).unwrap_or(0),
-            Err(e) => {
-                return Err(GpuError::NoDevice {
-                    detail: format!("{e}"),
-                });
-            }
-        };
+        let count = device_count()?;
         if count == 0 {
             return Err(GpuError::NoDevice {
                 detail: "device count is 0".to_owned(),

@@ -383,19 +383,7 @@ pub fn load(dir: &Path) -> Result<(Mamba3Config, EngineState, TrainState), Train
     let train: TrainState =
         serde_json::from_str(&text).map_err(|e| bad(format!("{STATE_FILE}: {e}")))?;
     for file in CHECKED_FILES {
-        let want = train
-            .files
-            .get(file)
-            .ok_or_else(|| bad(format!("{STATE_FILE} has no checksum of {file}")))?;
-        let path = dir.join(file);
-        if !path.is_file() {
-            return Err(bad(format!("{file} is missing")));
-        }
-        if &file_hash(&path)? != want {
-            return Err(bad(format!(
-                "{file} does not match its checksum (damaged or changed after it was written)"
-            )));
-        }
+        verify(dir, &train, file)?;
     }
     let (cfg, weights) = model_ckpt::load::<f32>(dir)?;
     let optim_path = dir.join(OPTIM_FILE);
@@ -437,6 +425,29 @@ pub fn load(dir: &Path) -> Result<(Mamba3Config, EngineState, TrainState), Train
     Ok((cfg, state, train))
 }
 
+/// Checks that `file` of checkpoint `dir` exists and matches the checksum
+/// `train_state.json` recorded for it.
+fn verify(dir: &Path, train: &TrainState, file: &str) -> Result<(), TrainError> {
+    let bad = |reason: String| TrainError::BadCheckpoint {
+        dir: dir.to_path_buf(),
+        reason,
+    };
+    let want = train
+        .files
+        .get(file)
+        .ok_or_else(|| bad(format!("{STATE_FILE} has no checksum of {file}")))?;
+    let path = dir.join(file);
+    if !path.is_file() {
+        return Err(bad(format!("{file} is missing")));
+    }
+    if &file_hash(&path)? != want {
+        return Err(bad(format!(
+            "{file} does not match its checksum (damaged or changed after it was written)"
+        )));
+    }
+    Ok(())
+}
+
 /// The weight average of a checkpoint that [`load`] read: `None` when it
 /// saved none; an error when its files are missing or fail their checksums
 /// (recorded in `train_state.json` by [`save`]), or when a run that keeps an
@@ -463,19 +474,7 @@ pub fn load_ema(
         return Ok(None);
     }
     for file in ema_files() {
-        let want = train
-            .files
-            .get(&file)
-            .ok_or_else(|| bad(format!("{STATE_FILE} has no checksum of {file}")))?;
-        let path = dir.join(&file);
-        if !path.is_file() {
-            return Err(bad(format!("{file} is missing")));
-        }
-        if &file_hash(&path)? != want {
-            return Err(bad(format!(
-                "{file} does not match its checksum (damaged or changed after it was written)"
-            )));
-        }
+        verify(dir, train, &file)?;
     }
     let (ema_cfg, weights) = model_ckpt::load::<f32>(&dir.join(EMA_DIR))?;
     if let Some((field, found, expected)) = config_difference(&ema_cfg, cfg) {

@@ -507,15 +507,20 @@ fn eval_line(step: u64, results: &[EvalResult]) -> String {
 
 /// Scores every eval set with `weights` in place of the trained ones, then
 /// puts the trained weights back (exactly: [`TrainEngine::set_weights`]),
-/// also when a stop cuts the scoring short (`None`).
+/// also when a stop cuts the scoring short (`None`). `trained` is the
+/// engine's weights when the caller has just read them (else read here).
 fn evaluate_weights(
     engine: &mut dyn TrainEngine,
     weights: &Weights<f32>,
+    trained: Option<Weights<f32>>,
     sets: &[EvalSet],
     budget: usize,
     stop: &Stop,
 ) -> Result<Option<Vec<EvalResult>>, TrainError> {
-    let trained = engine.weights()?;
+    let trained = match trained {
+        Some(w) => w,
+        None => engine.weights()?,
+    };
     engine.set_weights(weights)?;
     let mut scores = Vec::with_capacity(sets.len());
     let mut outcome = Ok(());
@@ -792,10 +797,15 @@ fn run_in(
                 m.grad_norm, m.skipped_total
             ));
         }
+        // The weights read for the fold, kept for an evaluation at this
+        // step, which puts them back after scoring the average.
+        let mut folded = None;
         if let Some(e) = &mut ema
             && Ema::due(step)
         {
-            e.fold(&engine.weights()?);
+            let w = engine.weights()?;
+            e.fold(&w);
+            folded = Some(w);
         }
         if first.len() < 2 * SUMMARY_STEPS {
             first.push((step, m.loss));
@@ -842,8 +852,14 @@ fn run_in(
                     }
                 }
                 if let Some(avg) = ema.as_ref().and_then(Ema::weights)
-                    && let Some(scores) =
-                        evaluate_weights(engine.as_mut(), avg, data.eval_sets(), budget, stop)?
+                    && let Some(scores) = evaluate_weights(
+                        engine.as_mut(),
+                        avg,
+                        folded.take(),
+                        data.eval_sets(),
+                        budget,
+                        stop,
+                    )?
                 {
                     for r in &scores {
                         log.eval_ema(step, r)?;
