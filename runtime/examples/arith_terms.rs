@@ -26,6 +26,8 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -142,7 +144,7 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     }
     let right: usize = buckets.values().map(|b| b.0).sum();
     let acc = fraction(right, args.rows);
-    println!(
+    let mut report = format!(
         "{} operands, {} held-out rows{}: accuracy {:.1}% ({:.1} scaled)",
         if args.max == args.size {
             args.size.to_string()
@@ -158,16 +160,24 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         100.0 * acc,
         100.0 * task.scaled_accuracy(acc)
     );
-    println!("longest zero-free product term (operands) | rows | accuracy");
+    writeln!(report)?;
+    writeln!(
+        report,
+        "longest zero-free product term (operands) | rows | accuracy"
+    )?;
     for (k, (r, n)) in &buckets {
         let label = if *k == LONG {
             format!("{LONG}+")
         } else {
             k.to_string()
         };
-        println!("{label:>3} | {n:>5} | {:5.1}%", 100.0 * fraction(*r, *n));
+        writeln!(report, "{label:>3} | {n:>5} | {:5.1}%", 100.0 * fraction(*r, *n))?;
     }
-    Ok(())
+    // A reader that stops early (`| head -1`) is not an error of the scoring.
+    match std::io::stdout().write_all(report.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
 }
 
 /// Rewrites the expression `tokens[..eq]` (then its answer after `=`) into
