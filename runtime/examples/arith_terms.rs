@@ -171,7 +171,11 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         } else {
             k.to_string()
         };
-        writeln!(report, "{label:>3} | {n:>5} | {:5.1}%", 100.0 * fraction(*r, *n))?;
+        writeln!(
+            report,
+            "{label:>3} | {n:>5} | {:5.1}%",
+            100.0 * fraction(*r, *n)
+        )?;
     }
     // A reader that stops early (`| head -1`) is not an error of the scoring.
     match std::io::stdout().write_all(report.as_bytes()) {
