@@ -149,6 +149,17 @@ fn bad_arguments_are_usage_errors() {
         &[
             "repro",
             "state-tracking",
+            "--tasks",
+            "modarith-prec",
+            "--train-min-len",
+            "81",
+        ],
+        "--train-min-len: 81 is above the modarith-prec recipe's training size 80",
+    );
+    usage(
+        &[
+            "repro",
+            "state-tracking",
             "--d-model",
             "20",
             "--tasks",

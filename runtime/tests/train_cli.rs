@@ -251,6 +251,24 @@ fn a_resumed_run_keeps_its_dt_init() {
 }
 
 #[test]
+fn a_resumed_run_keeps_its_training_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = tiny(
+        &["--run-dir", "r", "--steps", "2", "--train-min-len", "3"],
+        dir.path(),
+    );
+    assert!(first.status.success(), "{first:?}");
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(stdout.contains("train sizes 3..=4"), "{stdout}");
+    let out = tiny(&["--resume", "r", "--train-min-len", "2"], dir.path());
+    usage_error(
+        &out,
+        "--train-min-len: the run being resumed has `--train-min-len 3`, this command says \
+         `--train-min-len 2`",
+    );
+}
+
+#[test]
 fn a_fresh_run_probes_its_initial_dt_before_the_first_step() {
     let dir = tempfile::tempdir().unwrap();
     // Step 0's probe reads the initial weights: every head's dt drawn in
@@ -362,6 +380,10 @@ fn usage_errors_exit_2() {
         "--dt-init <MIN,MAX>': MIN 0.1 is above MAX 0.01",
     );
     usage_error(&tiny(&["--task", "sorting"], dir.path()), "sorting");
+    usage_error(
+        &tiny(&["--train-min-len", "5"], dir.path()),
+        "--train-min-len: 5 is above --train-len 4",
+    );
     let mqar = ["--task", "mqar", "--eval-lens", "99"];
     usage_error(
         &tiny(&mqar, dir.path()),

@@ -185,6 +185,17 @@ fn validate(o: &ReproOptions) -> Result<(), ReproError> {
                 ),
             ));
         }
+        if r.train_min_len > r.train_len {
+            return Err(invalid(
+                "--train-min-len",
+                format!(
+                    "{} is above the {} recipe's training size {}",
+                    r.train_min_len,
+                    t.name(),
+                    r.train_len
+                ),
+            ));
+        }
         if r.curriculum > r.steps {
             return Err(invalid(
                 "--curriculum",
@@ -481,7 +492,7 @@ fn write_files(
         let r = recipe::recipe_with(t, opts.quick, &opts.overrides);
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
-             --eval-lens {},{} --curriculum {}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
+             --eval-lens {},{} --curriculum {}{}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
              --dt-init {}{}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`), weight decay 0.1 on the \
              embedding and out_proj only (`--decay outputs`), clip 1, scan chunk {} \
              (`--chunk-size`){}\n",
@@ -496,6 +507,11 @@ fn write_files(
             r.curriculum,
             if r.curriculum_gate > 0.0 {
                 format!(" --curriculum-gate {}", r.curriculum_gate)
+            } else {
+                String::new()
+            },
+            if r.train_min_len > 0 {
+                format!(" --train-min-len {}", r.train_min_len)
             } else {
                 String::new()
             },

@@ -78,6 +78,9 @@ pub struct Recipe {
     /// Smoothed training loss below which the curriculum advances (0: it
     /// advances every step; `stepgraph train --curriculum-gate`).
     pub curriculum_gate: f64,
+    /// Smallest training size once the curriculum has reached `train_len`
+    /// (0: the task's smallest; `stepgraph train --train-min-len`).
+    pub train_min_len: usize,
     /// Training steps.
     pub steps: u64,
     /// Rows per batch.
@@ -146,6 +149,7 @@ fn arithmetic(task: Task) -> Recipe {
         eval_len: 256,
         curriculum: 4000,
         curriculum_gate: 0.0,
+        train_min_len: 0,
         steps: 20_000,
         batch: 256,
         lr: 1e-3,
@@ -175,6 +179,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             eval_len: 256,
             curriculum: 5000,
             curriculum_gate: 0.0,
+            train_min_len: 0,
             steps: 7500,
             batch: 64,
             lr: 1e-3,
@@ -246,6 +251,10 @@ pub struct Overrides {
     /// the table reports. Absent from tables written before it.
     #[serde(default)]
     pub ema: Option<f64>,
+    /// The smallest training size (`--train-min-len`). Absent from tables
+    /// written before it.
+    #[serde(default)]
+    pub train_min_len: Option<usize>,
 }
 
 impl Overrides {
@@ -274,6 +283,7 @@ impl Overrides {
             curriculum_gate: self.curriculum_gate.unwrap_or(r.curriculum_gate),
             dt_init: self.dt_init.unwrap_or(r.dt_init),
             ema: self.ema.or(r.ema),
+            train_min_len: self.train_min_len.unwrap_or(r.train_min_len),
             ..r
         }
     }
@@ -314,6 +324,7 @@ impl Recipe {
                 eval_lens: vec![self.train_len, self.eval_len],
                 curriculum: self.curriculum,
                 curriculum_gate: self.curriculum_gate,
+                train_min_len: self.train_min_len,
             },
             model: ModelSize {
                 d_model: self.d_model,
@@ -424,6 +435,7 @@ mod tests {
                 max: 0.2,
             }),
             ema: Some(0.999),
+            train_min_len: Some(80),
         };
         let r = o.apply(base.clone());
         assert_eq!((base.ema, r.ema), (Some(0.999), Some(0.999)));
@@ -437,6 +449,7 @@ mod tests {
             (None, Some(0.99))
         );
         assert_eq!(r.curriculum_gate, 0.5);
+        assert_eq!((base.train_min_len, r.train_min_len), (0, 80));
         assert_eq!((r.dt_init.min, r.dt_init.max), (0.01, 0.2));
         assert_eq!((base.dt_init.min, base.dt_init.max), (0.01, 0.1));
         assert_eq!(parity.dt_init, DtInit::default(), "the official range");
@@ -453,6 +466,16 @@ mod tests {
             let run = r.run(rotation, 1, Precision::F32, Device::Cpu, false);
             validate(&run).unwrap();
             assert_eq!(run.model.dt_init, r.dt_init, "the run takes the range");
+            assert!(
+                matches!(
+                    run.data,
+                    DataSpec::Task {
+                        train_min_len: 80,
+                        ..
+                    }
+                ),
+                "the run takes the floor"
+            );
             model_config(run.model, vocab_of(&run.data)).unwrap();
         }
     }

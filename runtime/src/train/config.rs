@@ -343,6 +343,7 @@ pub enum Setting {
     EvalLens,
     Curriculum,
     CurriculumGate,
+    TrainMinLen,
     Data,
     DataFormat,
     VocabSize,
@@ -397,12 +398,13 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 38] = [
+    pub const ALL: [Setting; 39] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
         Self::Curriculum,
         Self::CurriculumGate,
+        Self::TrainMinLen,
         Self::Data,
         Self::DataFormat,
         Self::VocabSize,
@@ -446,6 +448,7 @@ impl Setting {
             Self::EvalLens => "--eval-lens",
             Self::Curriculum => "--curriculum",
             Self::CurriculumGate => "--curriculum-gate",
+            Self::TrainMinLen => "--train-min-len",
             Self::Data => "--data",
             Self::DataFormat => "--data-format",
             Self::VocabSize => "--vocab-size",
@@ -524,6 +527,9 @@ impl Setting {
                     curriculum_gate, ..
                 },
             ) => with(curriculum_gate.to_string()),
+            (Self::TrainMinLen, DataSpec::Task { train_min_len, .. }) => {
+                with(train_min_len.to_string())
+            }
             (Self::Data, DataSpec::File { path, .. }) => with(path.display().to_string()),
             (Self::DataFormat, DataSpec::File { format, .. }) => with(format.name().into()),
             (Self::VocabSize, DataSpec::File { vocab_size, .. }) => {
@@ -538,7 +544,8 @@ impl Setting {
                 | Self::TrainLen
                 | Self::EvalLens
                 | Self::Curriculum
-                | Self::CurriculumGate,
+                | Self::CurriculumGate
+                | Self::TrainMinLen,
                 DataSpec::File { .. },
             )
             | (
@@ -716,7 +723,17 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
             eval_lens,
             curriculum,
             curriculum_gate,
+            train_min_len,
         } => {
+            if *train_min_len > *train_len {
+                return Err(invalid(
+                    "--train-min-len",
+                    format!(
+                        "{train_min_len} is above --train-len {train_len}: rows are drawn \
+                         between the two (0: from the task's smallest size)"
+                    ),
+                ));
+            }
             if !(curriculum_gate.is_finite() && *curriculum_gate >= 0.0) {
                 return Err(invalid(
                     "--curriculum-gate",
@@ -962,6 +979,7 @@ mod tests {
                 eval_lens: vec![6, 12],
                 curriculum: 0,
                 curriculum_gate: 0.0,
+                train_min_len: 0,
             },
             model: super::ModelSize {
                 d_model: 8,

@@ -109,6 +109,11 @@ struct StArgs {
     /// trained weights' scores stay in the per-run table.
     #[arg(long, value_parser = crate::parse::open_fraction, allow_negative_numbers = true)]
     ema: Option<f64>,
+    /// Smallest training size of every run once its curriculum has reached
+    /// the training size, instead of the task's smallest (`stepgraph train
+    /// --train-min-len`).
+    #[arg(long)]
+    train_min_len: Option<usize>,
     /// Instead of training, merge the output directories of several parts
     /// (comma-separated) into one table in --out.
     #[arg(
@@ -117,7 +122,7 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "d_model", "headdim",
-            "curriculum_gate", "dt_init", "ema",
+            "curriculum_gate", "dt_init", "ema", "train_min_len",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -131,7 +136,7 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
             "steps", "curriculum", "batch", "lr", "d_model", "headdim", "curriculum_gate",
-            "dt_init", "ema", "merge", "out",
+            "dt_init", "ema", "train_min_len", "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -186,6 +191,7 @@ fn options(a: &StArgs) -> ReproOptions {
             curriculum_gate: a.curriculum_gate,
             dt_init: a.dt_init,
             ema: a.ema,
+            train_min_len: a.train_min_len,
         },
     }
 }

@@ -52,6 +52,12 @@ pub struct Args {
     /// curriculum advances every step).
     #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true, conflicts_with = "data")]
     curriculum_gate: f64,
+    /// Once the curriculum has reached --train-len, draw each training
+    /// row's size from this value up to --train-len instead of from the
+    /// task's smallest size: full-length rows hold more of a task's
+    /// long-range structure (0: the task's smallest).
+    #[arg(long, default_value_t = 0, conflicts_with = "data")]
+    train_min_len: usize,
     /// Train on this file instead of a task.
     #[arg(long)]
     data: Option<PathBuf>,
@@ -316,6 +322,7 @@ fn run_config(a: &Args) -> RunConfig {
             },
             curriculum: a.curriculum,
             curriculum_gate: a.curriculum_gate,
+            train_min_len: a.train_min_len,
         },
     };
     RunConfig {

@@ -120,6 +120,15 @@ pub enum DataSpec {
         /// long rows it cannot learn from yet.
         #[serde(default)]
         curriculum_gate: f64,
+        /// Smallest size a training row draws once the curriculum has
+        /// reached `train_len` (0: the task's smallest). Until then rows
+        /// are drawn as without it, so a run is the same as one without a
+        /// floor up to the curriculum's end; after it each row's size is
+        /// uniform in `train_min_len..=train_len`. Full-length rows hold
+        /// more of a task's long-range structure (`modarith-prec`'s long
+        /// product chains are rare in short rows).
+        #[serde(default)]
+        train_min_len: usize,
     },
     /// A token file.
     File {
@@ -146,9 +155,15 @@ impl DataSpec {
                 eval_lens,
                 curriculum,
                 curriculum_gate,
+                train_min_len,
             } => format!(
-                "`task {}, train_len {train_len}, eval {}{}{}`",
+                "`task {}, train_len {train_len}{}, eval {}{}{}`",
                 task.name(),
+                if *train_min_len > 0 {
+                    format!(", train_min_len {train_min_len}")
+                } else {
+                    String::new()
+                },
                 eval_lens
                     .iter()
                     .map(usize::to_string)
@@ -216,6 +231,7 @@ enum Source {
         train_len: usize,
         curriculum: u64,
         curriculum_gate: f64,
+        train_min_len: usize,
     },
     File {
         data: FileData,
@@ -254,6 +270,7 @@ impl Dataset {
                 eval_lens,
                 curriculum,
                 curriculum_gate,
+                train_min_len,
             } => {
                 let mut eval_rng = ChaCha20Rng::seed_from_u64(seed);
                 eval_rng.set_stream(EVAL_STREAM);
@@ -266,6 +283,7 @@ impl Dataset {
                     train_len: *train_len,
                     curriculum: *curriculum,
                     curriculum_gate: *curriculum_gate,
+                    train_min_len: *train_min_len,
                 };
                 (source, eval)
             }
@@ -339,11 +357,12 @@ impl Dataset {
                 train_len,
                 curriculum,
                 curriculum_gate,
+                train_min_len,
             } => format!(
                 "task {} (vocab {}), train sizes {}..={train_len}{}, eval sizes {}",
                 task.name(),
                 task.vocab_size(),
-                task.min_len(),
+                (*train_min_len).max(task.min_len()),
                 if *curriculum > 0 && *curriculum_gate > 0.0 {
                     format!(
                         " (largest size growing over {curriculum} batches whose smoothed loss is below {curriculum_gate})"
@@ -381,6 +400,7 @@ impl Dataset {
                 train_len,
                 curriculum,
                 curriculum_gate,
+                train_min_len,
             } => {
                 let open = *curriculum_gate <= 0.0
                     || self.smoothed_loss.is_some_and(|l| l < *curriculum_gate);
@@ -389,9 +409,17 @@ impl Dataset {
                 }
                 let width = task.width(*train_len);
                 let hi = curriculum_max(task.min_len(), *train_len, *curriculum, self.clock);
+                // The floor waits for the curriculum's end: short rows are
+                // what a run first learns from (README, "Arithmetic at full
+                // length").
+                let lo = if hi >= *train_len {
+                    (*train_min_len).max(task.min_len()).min(hi)
+                } else {
+                    task.min_len()
+                };
                 let examples: Vec<Example> = (0..rows)
                     .map(|_| {
-                        let n = self.rng.random_range(task.min_len()..=hi);
+                        let n = self.rng.random_range(lo..=hi);
                         task.sample(n, false, &mut self.rng)
                     })
                     .collect();
@@ -494,6 +522,7 @@ fn task_eval_set(task: Task, n: usize, batch: usize, rng: &mut ChaCha20Rng) -> E
 #[cfg(test)]
 mod curriculum_tests {
     use super::{DataSpec, Dataset, Task, curriculum_max};
+    use rand::SeedableRng;
 
     fn gated(gate: f64) -> Dataset {
         let spec = DataSpec::Task {
@@ -502,6 +531,7 @@ mod curriculum_tests {
             eval_lens: vec![21],
             curriculum: 20,
             curriculum_gate: gate,
+            train_min_len: 0,
         };
         Dataset::new(&spec, 3, 4).unwrap()
     }
@@ -561,6 +591,75 @@ mod curriculum_tests {
         }
         let pos = d.position();
         assert_eq!((pos.clock, pos.batches, pos.smoothed_loss), (7, 7, None));
+    }
+
+    /// Each row's problem size, read from where its answer is scored.
+    fn row_sizes(d: &mut Dataset, rows: usize) -> Vec<usize> {
+        let task = Task::ModarithPrec;
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(0);
+        let at: std::collections::HashMap<usize, usize> = (task.min_len()..=21)
+            .map(|n| (task.sample(n, false, &mut rng).answers[0], n))
+            .collect();
+        let batch = d.next_batch(rows).unwrap();
+        let mask = batch.mask.as_ref().unwrap();
+        mask.chunks(batch.seq_len())
+            .map(|row| at[&row.iter().position(|&m| m).unwrap()])
+            .collect()
+    }
+
+    fn floored(train_min_len: usize) -> Dataset {
+        let spec = DataSpec::Task {
+            task: Task::ModarithPrec,
+            train_len: 21,
+            eval_lens: vec![21],
+            curriculum: 20,
+            curriculum_gate: 0.0,
+            train_min_len,
+        };
+        Dataset::new(&spec, 5, 64).unwrap()
+    }
+
+    #[test]
+    fn a_training_floor_draws_rows_between_it_and_the_curriculum_size() {
+        let min = Task::ModarithPrec.min_len();
+        let mut d = floored(15);
+        let mut seen = std::collections::BTreeSet::new();
+        for b in 1..=60 {
+            let hi = curriculum_max(min, 21, 20, b);
+            let lo = if hi == 21 { 15 } else { min };
+            for n in row_sizes(&mut d, 64) {
+                assert!(
+                    (lo..=hi).contains(&n),
+                    "batch {b}: size {n} outside {lo}..={hi}"
+                );
+                if b > 20 {
+                    seen.insert(n);
+                }
+            }
+        }
+        assert_eq!(
+            seen,
+            (15..=21).collect(),
+            "every size of the range is drawn"
+        );
+        // Until the curriculum's end the floor changes nothing.
+        let (mut a, mut b) = (floored(0), floored(15));
+        for _ in 0..19 {
+            assert_eq!(
+                a.next_batch(8).unwrap().tokens,
+                b.next_batch(8).unwrap().tokens
+            );
+        }
+        let (x, y) = (a.next_batch(64).unwrap(), b.next_batch(64).unwrap());
+        assert_ne!(x.tokens, y.tokens, "from the curriculum's end on it does");
+        // The task's own minimum as the floor is the stream without one.
+        let (mut a, mut b) = (floored(0), floored(min));
+        for _ in 0..30 {
+            assert_eq!(
+                a.next_batch(8).unwrap().tokens,
+                b.next_batch(8).unwrap().tokens
+            );
+        }
     }
 
     #[test]
