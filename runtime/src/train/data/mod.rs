@@ -359,10 +359,19 @@ impl Dataset {
                 curriculum_gate,
                 train_min_len,
             } => format!(
-                "task {} (vocab {}), train sizes {}..={train_len}{}, eval sizes {}",
+                "task {} (vocab {}), train sizes {}..={train_len}{}{}, eval sizes {}",
                 task.name(),
                 task.vocab_size(),
-                (*train_min_len).max(task.min_len()),
+                if *curriculum > 0 {
+                    task.min_len()
+                } else {
+                    (*train_min_len).max(task.min_len())
+                },
+                if *curriculum > 0 && *train_min_len > task.min_len() {
+                    format!(" (from {train_min_len} once the curriculum has ended)")
+                } else {
+                    String::new()
+                },
                 if *curriculum > 0 && *curriculum_gate > 0.0 {
                     format!(
                         " (largest size growing over {curriculum} batches whose smoothed loss is below {curriculum_gate})"
@@ -623,6 +632,13 @@ mod curriculum_tests {
     fn a_training_floor_draws_rows_between_it_and_the_curriculum_size() {
         let min = Task::ModarithPrec.min_len();
         let mut d = floored(15);
+        assert!(
+            d.describe().contains(&format!(
+                "train sizes {min}..=21 (from 15 once the curriculum has ended)"
+            )),
+            "{}",
+            d.describe()
+        );
         let mut seen = std::collections::BTreeSet::new();
         for b in 1..=60 {
             let hi = curriculum_max(min, 21, 20, b);
