@@ -76,12 +76,12 @@ fn main() -> ExitCode {
 }
 
 fn parse(v: Vec<String>) -> Option<Args> {
-    let positive = |s: &String| s.parse::<usize>().ok().filter(|&n| n >= 1);
+    let positive = |s: &str| s.parse::<usize>().ok().filter(|&n| n >= 1);
     if !(2..=5).contains(&v.len()) {
         return None;
     }
     let (size, max) = match v[1].split_once('-') {
-        Some((lo, hi)) => (positive(&lo.to_owned())?, positive(&hi.to_owned())?),
+        Some((lo, hi)) => (positive(lo)?, positive(hi)?),
         None => (positive(&v[1])?, positive(&v[1])?),
     };
     if max < size {
@@ -91,7 +91,7 @@ fn parse(v: Vec<String>) -> Option<Args> {
         checkpoint: PathBuf::from(&v[0]),
         size,
         max,
-        rows: v.get(2).map_or(Some(512), positive)?,
+        rows: v.get(2).map_or(Some(512), |s| positive(s))?,
         seed: v.get(3).map_or(Some(1), |s| s.parse().ok())?,
         kind: match v.get(4).map(String::as_str) {
             None => Rows::Task,

@@ -136,7 +136,7 @@ pub fn chunk_size(precision: Precision) -> usize {
 /// `dt` is drawn in 0.01-0.1 instead of the official 0.001-0.1: runs whose
 /// middle layer started or sank below ~0.02 stayed at chance or started
 /// last (rounds 6-11), and with the narrower range no layer did; over two
-/// 5-seed rounds each the wider range started 9 of 10 runs and scored 71.1
+/// 5-seed rounds each the narrower range started 9 of 10 runs and scored 71.1
 /// and 82.2 at 128 operands, the official one 10 of 10 (later) and 9 of 10,
 /// 72.8 and 71.1 (README, rounds 12 and 16 against 8/10 and 15).
 fn arithmetic(task: Task) -> Recipe {

@@ -533,16 +533,21 @@ mod curriculum_tests {
     use super::{DataSpec, Dataset, Task, curriculum_max};
     use rand::SeedableRng;
 
-    fn gated(gate: f64) -> Dataset {
+    /// `modarith-prec` up to 21 operands over a 20-batch curriculum.
+    fn data(curriculum_gate: f64, train_min_len: usize, seed: u64, batch: usize) -> Dataset {
         let spec = DataSpec::Task {
             task: Task::ModarithPrec,
             train_len: 21,
             eval_lens: vec![21],
             curriculum: 20,
-            curriculum_gate: gate,
-            train_min_len: 0,
+            curriculum_gate,
+            train_min_len,
         };
-        Dataset::new(&spec, 3, 4).unwrap()
+        Dataset::new(&spec, seed, batch).unwrap()
+    }
+
+    fn gated(gate: f64) -> Dataset {
+        data(gate, 0, 3, 4)
     }
 
     #[test]
@@ -617,15 +622,7 @@ mod curriculum_tests {
     }
 
     fn floored(train_min_len: usize) -> Dataset {
-        let spec = DataSpec::Task {
-            task: Task::ModarithPrec,
-            train_len: 21,
-            eval_lens: vec![21],
-            curriculum: 20,
-            curriculum_gate: 0.0,
-            train_min_len,
-        };
-        Dataset::new(&spec, 5, 64).unwrap()
+        data(0.0, train_min_len, 5, 64)
     }
 
     #[test]
