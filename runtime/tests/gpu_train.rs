@@ -65,6 +65,7 @@ fn parity(n: usize, rows: usize, seed: u64) -> (Vec<Batch>, usize) {
         eval_lens: vec![],
         curriculum: 0,
         curriculum_gate: 0.0,
+        curriculum_start: 0,
         train_min_len: 0,
     };
     let mut data = Dataset::new(&spec, seed, rows).expect("dataset");

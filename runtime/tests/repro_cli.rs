@@ -160,6 +160,30 @@ fn bad_arguments_are_usage_errors() {
         &[
             "repro",
             "state-tracking",
+            "--tasks",
+            "modarith-prec",
+            "--curriculum-start",
+            "81",
+        ],
+        "--curriculum-start: 81 is above the modarith-prec recipe's training size 80",
+    );
+    usage(
+        &[
+            "repro",
+            "state-tracking",
+            "--tasks",
+            "parity",
+            "--curriculum",
+            "0",
+            "--curriculum-start",
+            "20",
+        ],
+        "--curriculum-start: starts a curriculum, and the parity recipe has none here",
+    );
+    usage(
+        &[
+            "repro",
+            "state-tracking",
             "--d-model",
             "20",
             "--tasks",

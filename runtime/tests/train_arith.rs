@@ -196,6 +196,7 @@ fn held_out_sets_are_disjoint_from_training() {
             eval_lens: vec![train_len, 2 * train_len],
             curriculum: 0,
             curriculum_gate: 0.0,
+            curriculum_start: 0,
             train_min_len: 0,
         };
         let mut data = Dataset::new(&spec, 5, 32).unwrap();

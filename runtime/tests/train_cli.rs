@@ -269,6 +269,46 @@ fn a_resumed_run_keeps_its_training_floor() {
 }
 
 #[test]
+fn a_resumed_run_keeps_its_curriculum_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = tiny(
+        &[
+            "--run-dir",
+            "r",
+            "--steps",
+            "2",
+            "--curriculum",
+            "2",
+            "--curriculum-start",
+            "3",
+        ],
+        dir.path(),
+    );
+    assert!(first.status.success(), "{first:?}");
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(
+        stdout.contains("largest size growing from 3 over 2 batches"),
+        "{stdout}"
+    );
+    let out = tiny(
+        &[
+            "--resume",
+            "r",
+            "--curriculum",
+            "2",
+            "--curriculum-start",
+            "2",
+        ],
+        dir.path(),
+    );
+    usage_error(
+        &out,
+        "--curriculum-start: the run being resumed has `--curriculum-start 3`, this command \
+         says `--curriculum-start 2`",
+    );
+}
+
+#[test]
 fn a_fresh_run_probes_its_initial_dt_before_the_first_step() {
     let dir = tempfile::tempdir().unwrap();
     // Step 0's probe reads the initial weights: every head's dt drawn in
@@ -383,6 +423,17 @@ fn usage_errors_exit_2() {
     usage_error(
         &tiny(&["--train-min-len", "5"], dir.path()),
         "--train-min-len: 5 is above --train-len 4",
+    );
+    usage_error(
+        &tiny(&["--curriculum-start", "2"], dir.path()),
+        "--curriculum-start: starts a curriculum: give --curriculum N",
+    );
+    usage_error(
+        &tiny(
+            &["--curriculum", "3", "--curriculum-start", "5"],
+            dir.path(),
+        ),
+        "--curriculum-start: 5 is above --train-len 4",
     );
     let mqar = ["--task", "mqar", "--eval-lens", "99"];
     usage_error(

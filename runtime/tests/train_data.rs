@@ -106,6 +106,7 @@ fn task_spec(task: Task, train_len: usize, eval_lens: Vec<usize>) -> DataSpec {
         eval_lens,
         curriculum: 0,
         curriculum_gate: 0.0,
+        curriculum_start: 0,
         train_min_len: 0,
     }
 }

@@ -24,6 +24,7 @@ fn run_config(steps: u64) -> RunConfig {
             eval_lens: vec![6, 12],
             curriculum: 0,
             curriculum_gate: 0.0,
+            curriculum_start: 0,
             train_min_len: 0,
         },
         model: ModelSize {
@@ -177,6 +178,7 @@ fn gated_config(steps: u64) -> RunConfig {
         eval_lens: vec![6, 12],
         curriculum: 12,
         curriculum_gate: GATE,
+        curriculum_start: 0,
         train_min_len: 0,
     };
     cfg
@@ -299,6 +301,7 @@ fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
         eval_lens: vec![6, 12],
         curriculum: 0,
         curriculum_gate: 0.0,
+        curriculum_start: 0,
         train_min_len: 0,
     };
     refused(typed, Setting::TrainLen);

@@ -185,6 +185,26 @@ fn validate(o: &ReproOptions) -> Result<(), ReproError> {
                 ),
             ));
         }
+        if r.curriculum_start > 0 && r.curriculum == 0 {
+            return Err(invalid(
+                "--curriculum-start",
+                format!(
+                    "starts a curriculum, and the {} recipe has none here: give --curriculum N too",
+                    t.name()
+                ),
+            ));
+        }
+        if r.curriculum_start > r.train_len {
+            return Err(invalid(
+                "--curriculum-start",
+                format!(
+                    "{} is above the {} recipe's training size {}",
+                    r.curriculum_start,
+                    t.name(),
+                    r.train_len
+                ),
+            ));
+        }
         if r.train_min_len > r.train_len {
             return Err(invalid(
                 "--train-min-len",
@@ -492,7 +512,7 @@ fn write_files(
         let r = recipe::recipe_with(t, opts.quick, &opts.overrides);
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
-             --eval-lens {},{} --curriculum {}{}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
+             --eval-lens {},{} --curriculum {}{}{}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
              --dt-init {}{}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`), weight decay 0.1 on the \
              embedding and out_proj only (`--decay outputs`), clip 1, scan chunk {} \
              (`--chunk-size`){}\n",
@@ -507,6 +527,11 @@ fn write_files(
             r.curriculum,
             if r.curriculum_gate > 0.0 {
                 format!(" --curriculum-gate {}", r.curriculum_gate)
+            } else {
+                String::new()
+            },
+            if r.curriculum_start > 0 {
+                format!(" --curriculum-start {}", r.curriculum_start)
             } else {
                 String::new()
             },

@@ -78,6 +78,9 @@ pub struct Recipe {
     /// Smoothed training loss below which the curriculum advances (0: it
     /// advances every step; `stepgraph train --curriculum-gate`).
     pub curriculum_gate: f64,
+    /// The curriculum's largest size at its start (0: the task's smallest;
+    /// `stepgraph train --curriculum-start`).
+    pub curriculum_start: usize,
     /// Smallest training size once the curriculum has reached `train_len`
     /// (0: the task's smallest; `stepgraph train --train-min-len`).
     pub train_min_len: usize,
@@ -149,6 +152,7 @@ fn arithmetic(task: Task) -> Recipe {
         eval_len: 256,
         curriculum: 4000,
         curriculum_gate: 0.0,
+        curriculum_start: 0,
         train_min_len: 0,
         steps: 20_000,
         batch: 256,
@@ -179,6 +183,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             eval_len: 256,
             curriculum: 5000,
             curriculum_gate: 0.0,
+            curriculum_start: 0,
             train_min_len: 0,
             steps: 7500,
             batch: 64,
@@ -255,6 +260,10 @@ pub struct Overrides {
     /// written before it.
     #[serde(default)]
     pub train_min_len: Option<usize>,
+    /// The curriculum's first largest size (`--curriculum-start`). Absent
+    /// from tables written before it.
+    #[serde(default)]
+    pub curriculum_start: Option<usize>,
 }
 
 impl Overrides {
@@ -284,6 +293,7 @@ impl Overrides {
             dt_init: self.dt_init.unwrap_or(r.dt_init),
             ema: self.ema.or(r.ema),
             train_min_len: self.train_min_len.unwrap_or(r.train_min_len),
+            curriculum_start: self.curriculum_start.unwrap_or(r.curriculum_start),
             ..r
         }
     }
@@ -324,6 +334,7 @@ impl Recipe {
                 eval_lens: vec![self.train_len, self.eval_len],
                 curriculum: self.curriculum,
                 curriculum_gate: self.curriculum_gate,
+                curriculum_start: self.curriculum_start,
                 train_min_len: self.train_min_len,
             },
             model: ModelSize {
@@ -436,6 +447,7 @@ mod tests {
             }),
             ema: Some(0.999),
             train_min_len: Some(80),
+            curriculum_start: Some(20),
         };
         let r = o.apply(base.clone());
         assert_eq!((base.ema, r.ema), (Some(0.999), Some(0.999)));
@@ -450,6 +462,7 @@ mod tests {
         );
         assert_eq!(r.curriculum_gate, 0.5);
         assert_eq!((base.train_min_len, r.train_min_len), (0, 80));
+        assert_eq!((base.curriculum_start, r.curriculum_start), (0, 20));
         assert_eq!((r.dt_init.min, r.dt_init.max), (0.01, 0.2));
         assert_eq!((base.dt_init.min, base.dt_init.max), (0.01, 0.1));
         assert_eq!(parity.dt_init, DtInit::default(), "the official range");
@@ -471,10 +484,11 @@ mod tests {
                     run.data,
                     DataSpec::Task {
                         train_min_len: 80,
+                        curriculum_start: 20,
                         ..
                     }
                 ),
-                "the run takes the floor"
+                "the run takes the floor and the start"
             );
             model_config(run.model, vocab_of(&run.data)).unwrap();
         }

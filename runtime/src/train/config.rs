@@ -343,6 +343,7 @@ pub enum Setting {
     EvalLens,
     Curriculum,
     CurriculumGate,
+    CurriculumStart,
     TrainMinLen,
     Data,
     DataFormat,
@@ -398,12 +399,13 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 39] = [
+    pub const ALL: [Setting; 40] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
         Self::Curriculum,
         Self::CurriculumGate,
+        Self::CurriculumStart,
         Self::TrainMinLen,
         Self::Data,
         Self::DataFormat,
@@ -448,6 +450,7 @@ impl Setting {
             Self::EvalLens => "--eval-lens",
             Self::Curriculum => "--curriculum",
             Self::CurriculumGate => "--curriculum-gate",
+            Self::CurriculumStart => "--curriculum-start",
             Self::TrainMinLen => "--train-min-len",
             Self::Data => "--data",
             Self::DataFormat => "--data-format",
@@ -527,6 +530,12 @@ impl Setting {
                     curriculum_gate, ..
                 },
             ) => with(curriculum_gate.to_string()),
+            (
+                Self::CurriculumStart,
+                DataSpec::Task {
+                    curriculum_start, ..
+                },
+            ) => with(curriculum_start.to_string()),
             (Self::TrainMinLen, DataSpec::Task { train_min_len, .. }) => {
                 with(train_min_len.to_string())
             }
@@ -545,6 +554,7 @@ impl Setting {
                 | Self::EvalLens
                 | Self::Curriculum
                 | Self::CurriculumGate
+                | Self::CurriculumStart
                 | Self::TrainMinLen,
                 DataSpec::File { .. },
             )
@@ -723,8 +733,24 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
             eval_lens,
             curriculum,
             curriculum_gate,
+            curriculum_start,
             train_min_len,
         } => {
+            if *curriculum_start > 0 && *curriculum == 0 {
+                return Err(invalid(
+                    "--curriculum-start",
+                    "starts a curriculum: give --curriculum N (the steps it grows over) too",
+                ));
+            }
+            if *curriculum_start > *train_len {
+                return Err(invalid(
+                    "--curriculum-start",
+                    format!(
+                        "{curriculum_start} is above --train-len {train_len}: the curriculum grows \
+                         from it to --train-len (0: from the task's smallest size)"
+                    ),
+                ));
+            }
             if *train_min_len > *train_len {
                 return Err(invalid(
                     "--train-min-len",
@@ -979,6 +1005,7 @@ mod tests {
                 eval_lens: vec![6, 12],
                 curriculum: 0,
                 curriculum_gate: 0.0,
+                curriculum_start: 0,
                 train_min_len: 0,
             },
             model: super::ModelSize {

@@ -439,6 +439,7 @@ mod tests {
             eval_lens: vec![],
             curriculum: 0,
             curriculum_gate: 0.0,
+            curriculum_start: 0,
             train_min_len: 0,
         };
         Dataset::new(&spec, 0, rows)

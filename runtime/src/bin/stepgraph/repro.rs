@@ -114,6 +114,11 @@ struct StArgs {
     /// --train-min-len`).
     #[arg(long)]
     train_min_len: Option<usize>,
+    /// The largest training size at the curriculum's start, from which it
+    /// grows to the training size, instead of the task's smallest
+    /// (`stepgraph train --curriculum-start`).
+    #[arg(long)]
+    curriculum_start: Option<usize>,
     /// Instead of training, merge the output directories of several parts
     /// (comma-separated) into one table in --out.
     #[arg(
@@ -122,7 +127,7 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "d_model", "headdim",
-            "curriculum_gate", "dt_init", "ema", "train_min_len",
+            "curriculum_gate", "dt_init", "ema", "train_min_len", "curriculum_start",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -136,7 +141,7 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
             "steps", "curriculum", "batch", "lr", "d_model", "headdim", "curriculum_gate",
-            "dt_init", "ema", "train_min_len", "merge", "out",
+            "dt_init", "ema", "train_min_len", "curriculum_start", "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -192,6 +197,7 @@ fn options(a: &StArgs) -> ReproOptions {
             dt_init: a.dt_init,
             ema: a.ema,
             train_min_len: a.train_min_len,
+            curriculum_start: a.curriculum_start,
         },
     }
 }

@@ -42,8 +42,9 @@ pub struct Args {
     /// (those within the task's range).
     #[arg(long, value_delimiter = ',', conflicts_with = "data")]
     eval_lens: Vec<usize>,
-    /// Grow the largest training size linearly from the task's minimum to
-    /// --train-len over this many steps (0: all sizes from the start).
+    /// Grow the largest training size linearly from the task's minimum (or
+    /// --curriculum-start) to --train-len over this many steps (0: all
+    /// sizes from the start).
     #[arg(long, default_value_t = 0, conflicts_with = "data")]
     curriculum: u64,
     /// Advance the curriculum only on steps whose smoothed training loss
@@ -52,6 +53,11 @@ pub struct Args {
     /// curriculum advances every step).
     #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true, conflicts_with = "data")]
     curriculum_gate: f64,
+    /// The largest training size of the curriculum's first step, from
+    /// which it grows to --train-len; the smallest stays the task's (0:
+    /// the task's smallest, so the curriculum starts with one size).
+    #[arg(long, default_value_t = 0, conflicts_with = "data")]
+    curriculum_start: usize,
     /// Once the curriculum has reached --train-len, draw each training
     /// row's size from this value up to --train-len instead of from the
     /// task's smallest size: full-length rows hold more of a task's
@@ -322,6 +328,7 @@ fn run_config(a: &Args) -> RunConfig {
             },
             curriculum: a.curriculum,
             curriculum_gate: a.curriculum_gate,
+            curriculum_start: a.curriculum_start,
             train_min_len: a.train_min_len,
         },
     };

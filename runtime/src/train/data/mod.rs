@@ -120,6 +120,13 @@ pub enum DataSpec {
         /// long rows it cannot learn from yet.
         #[serde(default)]
         curriculum_gate: f64,
+        /// With a curriculum: the largest size of its first batch (0: the
+        /// task's smallest), from which it grows linearly to `train_len`.
+        /// The smallest size drawn stays the task's. The paper's protocol
+        /// starts its curriculum at rows of 40 tokens (20 operands of
+        /// `modarith-prec`), so short rows are learned before long ones come.
+        #[serde(default)]
+        curriculum_start: usize,
         /// Smallest size a training row draws once the curriculum has
         /// reached `train_len` (0: the task's smallest). Until then rows
         /// are drawn as without it, so a run is the same as one without a
@@ -155,9 +162,10 @@ impl DataSpec {
                 eval_lens,
                 curriculum,
                 curriculum_gate,
+                curriculum_start,
                 train_min_len,
             } => format!(
-                "`task {}, train_len {train_len}{}, eval {}{}{}`",
+                "`task {}, train_len {train_len}{}, eval {}{}{}{}`",
                 task.name(),
                 if *train_min_len > 0 {
                     format!(", train_min_len {train_min_len}")
@@ -171,6 +179,11 @@ impl DataSpec {
                     .join(","),
                 if *curriculum > 0 {
                     format!(", curriculum {curriculum}")
+                } else {
+                    String::new()
+                },
+                if *curriculum > 0 && *curriculum_start > 0 {
+                    format!(" from {curriculum_start}")
                 } else {
                     String::new()
                 },
@@ -231,6 +244,7 @@ enum Source {
         train_len: usize,
         curriculum: u64,
         curriculum_gate: f64,
+        curriculum_start: usize,
         train_min_len: usize,
     },
     File {
@@ -270,6 +284,7 @@ impl Dataset {
                 eval_lens,
                 curriculum,
                 curriculum_gate,
+                curriculum_start,
                 train_min_len,
             } => {
                 let mut eval_rng = ChaCha20Rng::seed_from_u64(seed);
@@ -283,6 +298,7 @@ impl Dataset {
                     train_len: *train_len,
                     curriculum: *curriculum,
                     curriculum_gate: *curriculum_gate,
+                    curriculum_start: *curriculum_start,
                     train_min_len: *train_min_len,
                 };
                 (source, eval)
@@ -357,6 +373,7 @@ impl Dataset {
                 train_len,
                 curriculum,
                 curriculum_gate,
+                curriculum_start,
                 train_min_len,
             } => format!(
                 "task {} (vocab {}), train sizes {}..={train_len}{}{}, eval sizes {}",
@@ -374,10 +391,14 @@ impl Dataset {
                 },
                 if *curriculum > 0 && *curriculum_gate > 0.0 {
                     format!(
-                        " (largest size growing over {curriculum} batches whose smoothed loss is below {curriculum_gate})"
+                        " (largest size growing from {} over {curriculum} batches whose smoothed loss is below {curriculum_gate})",
+                        first_largest(*task, *curriculum_start, *train_len)
                     )
                 } else if *curriculum > 0 {
-                    format!(" (largest size growing over {curriculum} batches)")
+                    format!(
+                        " (largest size growing from {} over {curriculum} batches)",
+                        first_largest(*task, *curriculum_start, *train_len)
+                    )
                 } else {
                     String::new()
                 },
@@ -409,6 +430,7 @@ impl Dataset {
                 train_len,
                 curriculum,
                 curriculum_gate,
+                curriculum_start,
                 train_min_len,
             } => {
                 let open = *curriculum_gate <= 0.0
@@ -417,7 +439,12 @@ impl Dataset {
                     self.clock += 1;
                 }
                 let width = task.width(*train_len);
-                let hi = curriculum_max(task.min_len(), *train_len, *curriculum, self.clock);
+                let hi = curriculum_max(
+                    first_largest(*task, *curriculum_start, *train_len),
+                    *train_len,
+                    *curriculum,
+                    self.clock,
+                );
                 // The floor waits for the curriculum's end: short rows are
                 // what a run first learns from (README, "Arithmetic at full
                 // length").
@@ -469,9 +496,10 @@ impl Dataset {
                 task,
                 train_len,
                 curriculum,
+                curriculum_start,
                 ..
             } => Some(curriculum_max(
-                task.min_len(),
+                first_largest(*task, *curriculum_start, *train_len),
                 *train_len,
                 *curriculum,
                 self.clock,
@@ -497,6 +525,12 @@ impl Dataset {
         self.clock = pos.clock;
         self.smoothed_loss = pos.smoothed_loss;
     }
+}
+
+/// The largest size a curriculum draws at its start: `--curriculum-start`
+/// within the task's sizes and the training size (0: the task's smallest).
+fn first_largest(task: Task, curriculum_start: usize, train_len: usize) -> usize {
+    curriculum_start.max(task.min_len()).min(train_len)
 }
 
 /// The largest size drawn for training batch `batch` (1-based): it grows
@@ -534,20 +568,27 @@ mod curriculum_tests {
     use rand::SeedableRng;
 
     /// `modarith-prec` up to 21 operands over a 20-batch curriculum.
-    fn data(curriculum_gate: f64, train_min_len: usize, seed: u64, batch: usize) -> Dataset {
+    fn data(
+        curriculum_gate: f64,
+        curriculum_start: usize,
+        train_min_len: usize,
+        seed: u64,
+        batch: usize,
+    ) -> Dataset {
         let spec = DataSpec::Task {
             task: Task::ModarithPrec,
             train_len: 21,
             eval_lens: vec![21],
             curriculum: 20,
             curriculum_gate,
+            curriculum_start,
             train_min_len,
         };
         Dataset::new(&spec, seed, batch).unwrap()
     }
 
     fn gated(gate: f64) -> Dataset {
-        data(gate, 0, 3, 4)
+        data(gate, 0, 0, 3, 4)
     }
 
     #[test]
@@ -622,7 +663,58 @@ mod curriculum_tests {
     }
 
     fn floored(train_min_len: usize) -> Dataset {
-        data(0.0, train_min_len, 5, 64)
+        data(0.0, 0, train_min_len, 5, 64)
+    }
+
+    fn started(curriculum_start: usize) -> Dataset {
+        data(0.0, curriculum_start, 0, 7, 64)
+    }
+
+    #[test]
+    fn a_curriculum_start_is_the_first_largest_size() {
+        let min = Task::ModarithPrec.min_len();
+        let mut d = started(10);
+        assert!(
+            d.describe().contains(&format!(
+                "train sizes {min}..=21 (largest size growing from 10 over 20 batches)"
+            )),
+            "{}",
+            d.describe()
+        );
+        let mut first = std::collections::BTreeSet::new();
+        for b in 1..=40 {
+            let hi = curriculum_max(10, 21, 20, b);
+            let sizes = row_sizes(&mut d, 64);
+            assert_eq!(d.largest_size(), Some(hi), "batch {b}");
+            for &n in &sizes {
+                assert!(
+                    (min..=hi).contains(&n),
+                    "batch {b}: size {n} outside {min}..={hi}"
+                );
+            }
+            if b == 1 {
+                first.extend(sizes);
+            }
+        }
+        assert_eq!(d.largest_size(), Some(21), "it ends at the training size");
+        assert_eq!(
+            first,
+            (min..=10).collect(),
+            "the first batch draws every size from the task's smallest to the start"
+        );
+        // A start at the task's smallest (or 0) is the plain curriculum, bit
+        // for bit; a start above the training size is the training size.
+        let (mut a, mut b, mut c) = (started(0), started(min), started(10));
+        let (x, y, z) = (
+            a.next_batch(16).unwrap(),
+            b.next_batch(16).unwrap(),
+            c.next_batch(16).unwrap(),
+        );
+        assert_eq!(x.tokens, y.tokens);
+        assert_ne!(x.tokens, z.tokens);
+        let mut over = started(99);
+        over.next_batch(4).unwrap();
+        assert_eq!(over.largest_size(), Some(21));
     }
 
     #[test]
