@@ -176,45 +176,35 @@ fn validate(o: &ReproOptions) -> Result<(), ReproError> {
     }
     for &t in &o.tasks {
         let r = recipe::recipe_with(t, o.quick, &o.overrides);
-        if r.curriculum_gate > 0.0 && r.curriculum == 0 {
-            return Err(invalid(
-                "--curriculum-gate",
-                format!(
-                    "gates a curriculum, and the {} recipe has none here: give --curriculum N too",
-                    t.name()
-                ),
-            ));
+        // Options that shape a curriculum need one.
+        for (flag, verb, set) in [
+            ("--curriculum-gate", "gates", r.curriculum_gate > 0.0),
+            ("--curriculum-start", "starts", r.curriculum_start > 0),
+        ] {
+            if set && r.curriculum == 0 {
+                return Err(invalid(
+                    flag,
+                    format!(
+                        "{verb} a curriculum, and the {} recipe has none here: give --curriculum N too",
+                        t.name()
+                    ),
+                ));
+            }
         }
-        if r.curriculum_start > 0 && r.curriculum == 0 {
-            return Err(invalid(
-                "--curriculum-start",
-                format!(
-                    "starts a curriculum, and the {} recipe has none here: give --curriculum N too",
-                    t.name()
-                ),
-            ));
-        }
-        if r.curriculum_start > r.train_len {
-            return Err(invalid(
-                "--curriculum-start",
-                format!(
-                    "{} is above the {} recipe's training size {}",
-                    r.curriculum_start,
-                    t.name(),
-                    r.train_len
-                ),
-            ));
-        }
-        if r.train_min_len > r.train_len {
-            return Err(invalid(
-                "--train-min-len",
-                format!(
-                    "{} is above the {} recipe's training size {}",
-                    r.train_min_len,
-                    t.name(),
-                    r.train_len
-                ),
-            ));
+        for (flag, size) in [
+            ("--curriculum-start", r.curriculum_start),
+            ("--train-min-len", r.train_min_len),
+        ] {
+            if size > r.train_len {
+                return Err(invalid(
+                    flag,
+                    format!(
+                        "{size} is above the {} recipe's training size {}",
+                        t.name(),
+                        r.train_len
+                    ),
+                ));
+            }
         }
         if r.curriculum > r.steps {
             return Err(invalid(
