@@ -10,6 +10,7 @@
 //! the same instances.
 
 pub mod arith;
+mod curriculum;
 pub mod file;
 pub mod tasks;
 
@@ -20,6 +21,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 
+use curriculum::Curriculum;
 pub use file::{DataFormat, FileData, Fingerprint};
 pub use tasks::{Example, Task};
 
@@ -239,18 +241,8 @@ pub struct EvalSet {
 }
 
 enum Source {
-    Task {
-        task: Task,
-        train_len: usize,
-        curriculum: u64,
-        curriculum_gate: f64,
-        curriculum_start: usize,
-        train_min_len: usize,
-    },
-    File {
-        data: FileData,
-        window: usize,
-    },
+    Task { task: Task, sizes: Curriculum },
+    File { data: FileData, window: usize },
 }
 
 /// Training batches and eval sets for one run.
@@ -295,11 +287,14 @@ impl Dataset {
                     .collect();
                 let source = Source::Task {
                     task: *task,
-                    train_len: *train_len,
-                    curriculum: *curriculum,
-                    curriculum_gate: *curriculum_gate,
-                    curriculum_start: *curriculum_start,
-                    train_min_len: *train_min_len,
+                    sizes: Curriculum {
+                        smallest: task.min_len(),
+                        train_len: *train_len,
+                        steps: *curriculum,
+                        gate: *curriculum_gate,
+                        start: *curriculum_start,
+                        floor: *train_min_len,
+                    },
                 };
                 (source, eval)
             }
@@ -342,9 +337,7 @@ impl Dataset {
     /// step sees one shape for the whole run.
     pub fn train_width(&self) -> usize {
         match &self.source {
-            Source::Task {
-                task, train_len, ..
-            } => task.width(*train_len),
+            Source::Task { task, sizes } => task.width(sizes.train_len),
             Source::File { window, .. } => *window,
         }
     }
@@ -368,40 +361,11 @@ impl Dataset {
     /// A one-line description for the start of a run.
     pub fn describe(&self) -> String {
         match &self.source {
-            Source::Task {
-                task,
-                train_len,
-                curriculum,
-                curriculum_gate,
-                curriculum_start,
-                train_min_len,
-            } => format!(
-                "task {} (vocab {}), train sizes {}..={train_len}{}{}, eval sizes {}",
+            Source::Task { task, sizes } => format!(
+                "task {} (vocab {}), train sizes {}, eval sizes {}",
                 task.name(),
                 task.vocab_size(),
-                if *curriculum > 0 {
-                    task.min_len()
-                } else {
-                    (*train_min_len).max(task.min_len())
-                },
-                if *curriculum > 0 && *train_min_len > task.min_len() {
-                    format!(" (from {train_min_len} once the curriculum has ended)")
-                } else {
-                    String::new()
-                },
-                if *curriculum > 0 && *curriculum_gate > 0.0 {
-                    format!(
-                        " (largest size growing from {} over {curriculum} batches whose smoothed loss is below {curriculum_gate})",
-                        first_largest(*task, *curriculum_start, *train_len)
-                    )
-                } else if *curriculum > 0 {
-                    format!(
-                        " (largest size growing from {} over {curriculum} batches)",
-                        first_largest(*task, *curriculum_start, *train_len)
-                    )
-                } else {
-                    String::new()
-                },
+                sizes.describe(),
                 self.eval
                     .iter()
                     .filter_map(|e| e.length.map(|n| n.to_string()))
@@ -425,37 +389,15 @@ impl Dataset {
     pub fn next_batch(&mut self, rows: usize) -> Result<Batch, TrainError> {
         self.batches += 1;
         match &self.source {
-            Source::Task {
-                task,
-                train_len,
-                curriculum,
-                curriculum_gate,
-                curriculum_start,
-                train_min_len,
-            } => {
-                let open = *curriculum_gate <= 0.0
-                    || self.smoothed_loss.is_some_and(|l| l < *curriculum_gate);
-                if open {
+            Source::Task { task, sizes } => {
+                if sizes.advances(self.smoothed_loss) {
                     self.clock += 1;
                 }
-                let width = task.width(*train_len);
-                let hi = curriculum_max(
-                    first_largest(*task, *curriculum_start, *train_len),
-                    *train_len,
-                    *curriculum,
-                    self.clock,
-                );
-                // The floor waits for the curriculum's end: short rows are
-                // what a run first learns from (README, "Arithmetic at full
-                // length").
-                let lo = if hi >= *train_len {
-                    (*train_min_len).max(task.min_len()).min(hi)
-                } else {
-                    task.min_len()
-                };
+                let width = task.width(sizes.train_len);
+                let drawn = sizes.drawn(self.clock);
                 let examples: Vec<Example> = (0..rows)
                     .map(|_| {
-                        let n = self.rng.random_range(lo..=hi);
+                        let n = self.rng.random_range(drawn.clone());
                         task.sample(n, false, &mut self.rng)
                     })
                     .collect();
@@ -472,7 +414,7 @@ impl Dataset {
 
     /// Whether a loss gate paces the curriculum (`--curriculum-gate`).
     pub fn is_gated(&self) -> bool {
-        matches!(self.source, Source::Task { curriculum_gate, .. } if curriculum_gate > 0.0)
+        matches!(&self.source, Source::Task { sizes, .. } if sizes.is_gated())
     }
 
     /// Feeds a step's training loss to a gated curriculum (a no-op without
@@ -492,18 +434,7 @@ impl Dataset {
     /// a file): where a curriculum stands.
     pub fn largest_size(&self) -> Option<usize> {
         match &self.source {
-            Source::Task {
-                task,
-                train_len,
-                curriculum,
-                curriculum_start,
-                ..
-            } => Some(curriculum_max(
-                first_largest(*task, *curriculum_start, *train_len),
-                *train_len,
-                *curriculum,
-                self.clock,
-            )),
+            Source::Task { sizes, .. } => Some(sizes.largest(self.clock)),
             Source::File { .. } => None,
         }
     }
@@ -527,26 +458,6 @@ impl Dataset {
     }
 }
 
-/// The largest size a curriculum draws at its start: `--curriculum-start`
-/// within the task's sizes and the training size (0: the task's smallest).
-fn first_largest(task: Task, curriculum_start: usize, train_len: usize) -> usize {
-    curriculum_start.max(task.min_len()).min(train_len)
-}
-
-/// The largest size drawn for training batch `batch` (1-based): it grows
-/// linearly from `min` to `max` over the first `curriculum` batches.
-fn curriculum_max(min: usize, max: usize, curriculum: u64, batch: u64) -> usize {
-    if curriculum == 0 || batch >= curriculum || max <= min {
-        return max;
-    }
-    let Ok(span) = u128::try_from(max - min) else {
-        return max;
-    };
-    let (batch, curriculum) = (u128::from(batch), u128::from(curriculum));
-    let grown = usize::try_from(span * batch / curriculum).unwrap_or(max - min);
-    (min + grown).min(max)
-}
-
 fn task_eval_set(task: Task, n: usize, batch: usize, rng: &mut ChaCha20Rng) -> EvalSet {
     let width = task.width(n.clamp(task.min_len(), task.max_len()));
     let examples: Vec<Example> = (0..TASK_EVAL_ROWS)
@@ -559,224 +470,5 @@ fn task_eval_set(task: Task, n: usize, batch: usize, rng: &mut ChaCha20Rng) -> E
             .chunks(batch.max(1))
             .map(|c| Batch::from_examples(c, width, task.pad()))
             .collect(),
-    }
-}
-
-#[cfg(test)]
-mod curriculum_tests {
-    use super::{DataSpec, Dataset, Task, curriculum_max};
-    use rand::SeedableRng;
-
-    /// `modarith-prec` up to 21 operands over a 20-batch curriculum.
-    fn data(
-        curriculum_gate: f64,
-        curriculum_start: usize,
-        train_min_len: usize,
-        seed: u64,
-        batch: usize,
-    ) -> Dataset {
-        let spec = DataSpec::Task {
-            task: Task::ModarithPrec,
-            train_len: 21,
-            eval_lens: vec![21],
-            curriculum: 20,
-            curriculum_gate,
-            curriculum_start,
-            train_min_len,
-        };
-        Dataset::new(&spec, seed, batch).unwrap()
-    }
-
-    fn gated(gate: f64) -> Dataset {
-        data(gate, 0, 0, 3, 4)
-    }
-
-    #[test]
-    fn a_gated_curriculum_waits_for_the_loss() {
-        let mut d = gated(0.5);
-        let min = Task::ModarithPrec.min_len();
-        for _ in 0..5 {
-            d.next_batch(4).unwrap();
-            d.observe_loss(1.6);
-        }
-        assert_eq!(d.largest_size(), Some(min), "held while the loss is high");
-        // The average follows the loss down over tens of steps, not at once.
-        d.observe_loss(0.0);
-        d.next_batch(4).unwrap();
-        assert_eq!(
-            d.largest_size(),
-            Some(min),
-            "one good batch does not open it"
-        );
-        for _ in 0..100 {
-            d.observe_loss(0.1);
-        }
-        for _ in 0..10 {
-            d.next_batch(4).unwrap();
-        }
-        assert_eq!(d.largest_size(), Some(curriculum_max(min, 21, 20, 10)));
-        // Shut again: the size stays where it is, it does not shrink.
-        for _ in 0..200 {
-            d.observe_loss(1.6);
-        }
-        let at = d.largest_size();
-        d.next_batch(4).unwrap();
-        assert_eq!(d.largest_size(), at);
-        // Skipped steps' non-finite losses are left out.
-        let before = d.position().smoothed_loss;
-        d.observe_loss(f64::NAN);
-        assert_eq!(d.position().smoothed_loss, before);
-        // The position carries the gate's state.
-        let pos = d.position();
-        let mut e = gated(0.5);
-        e.restore(pos);
-        assert_eq!(e.position(), pos);
-        assert_eq!(
-            e.next_batch(4).unwrap().tokens,
-            d.next_batch(4).unwrap().tokens
-        );
-    }
-
-    #[test]
-    fn without_a_gate_the_clock_is_the_batch_count() {
-        let mut d = gated(0.0);
-        for _ in 0..7 {
-            d.next_batch(4).unwrap();
-            d.observe_loss(9.0);
-        }
-        let pos = d.position();
-        assert_eq!((pos.clock, pos.batches, pos.smoothed_loss), (7, 7, None));
-    }
-
-    /// Each row's problem size, read from where its answer is scored.
-    fn row_sizes(d: &mut Dataset, rows: usize) -> Vec<usize> {
-        let task = Task::ModarithPrec;
-        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(0);
-        let at: std::collections::HashMap<usize, usize> = (task.min_len()..=21)
-            .map(|n| (task.sample(n, false, &mut rng).answers[0], n))
-            .collect();
-        let batch = d.next_batch(rows).unwrap();
-        let mask = batch.mask.as_ref().unwrap();
-        mask.chunks(batch.seq_len())
-            .map(|row| at[&row.iter().position(|&m| m).unwrap()])
-            .collect()
-    }
-
-    fn floored(train_min_len: usize) -> Dataset {
-        data(0.0, 0, train_min_len, 5, 64)
-    }
-
-    fn started(curriculum_start: usize) -> Dataset {
-        data(0.0, curriculum_start, 0, 7, 64)
-    }
-
-    #[test]
-    fn a_curriculum_start_is_the_first_largest_size() {
-        let min = Task::ModarithPrec.min_len();
-        let mut d = started(10);
-        assert!(
-            d.describe().contains(&format!(
-                "train sizes {min}..=21 (largest size growing from 10 over 20 batches)"
-            )),
-            "{}",
-            d.describe()
-        );
-        let mut first = std::collections::BTreeSet::new();
-        for b in 1..=40 {
-            let hi = curriculum_max(10, 21, 20, b);
-            let sizes = row_sizes(&mut d, 64);
-            assert_eq!(d.largest_size(), Some(hi), "batch {b}");
-            for &n in &sizes {
-                assert!(
-                    (min..=hi).contains(&n),
-                    "batch {b}: size {n} outside {min}..={hi}"
-                );
-            }
-            if b == 1 {
-                first.extend(sizes);
-            }
-        }
-        assert_eq!(d.largest_size(), Some(21), "it ends at the training size");
-        assert_eq!(
-            first,
-            (min..=10).collect(),
-            "the first batch draws every size from the task's smallest to the start"
-        );
-        // A start at the task's smallest (or 0) is the plain curriculum, bit
-        // for bit; a start above the training size is the training size.
-        let (mut a, mut b, mut c) = (started(0), started(min), started(10));
-        let (x, y, z) = (
-            a.next_batch(16).unwrap(),
-            b.next_batch(16).unwrap(),
-            c.next_batch(16).unwrap(),
-        );
-        assert_eq!(x.tokens, y.tokens);
-        assert_ne!(x.tokens, z.tokens);
-        let mut over = started(99);
-        over.next_batch(4).unwrap();
-        assert_eq!(over.largest_size(), Some(21));
-    }
-
-    #[test]
-    fn a_training_floor_draws_rows_between_it_and_the_curriculum_size() {
-        let min = Task::ModarithPrec.min_len();
-        let mut d = floored(15);
-        assert!(
-            d.describe().contains(&format!(
-                "train sizes {min}..=21 (from 15 once the curriculum has ended)"
-            )),
-            "{}",
-            d.describe()
-        );
-        let mut seen = std::collections::BTreeSet::new();
-        for b in 1..=60 {
-            let hi = curriculum_max(min, 21, 20, b);
-            let lo = if hi == 21 { 15 } else { min };
-            for n in row_sizes(&mut d, 64) {
-                assert!(
-                    (lo..=hi).contains(&n),
-                    "batch {b}: size {n} outside {lo}..={hi}"
-                );
-                if b > 20 {
-                    seen.insert(n);
-                }
-            }
-        }
-        assert_eq!(
-            seen,
-            (15..=21).collect(),
-            "every size of the range is drawn"
-        );
-        // Until the curriculum's end the floor changes nothing.
-        let (mut a, mut b) = (floored(0), floored(15));
-        for _ in 0..19 {
-            assert_eq!(
-                a.next_batch(8).unwrap().tokens,
-                b.next_batch(8).unwrap().tokens
-            );
-        }
-        let (x, y) = (a.next_batch(64).unwrap(), b.next_batch(64).unwrap());
-        assert_ne!(x.tokens, y.tokens, "from the curriculum's end on it does");
-        // The task's own minimum as the floor is the stream without one.
-        let (mut a, mut b) = (floored(0), floored(min));
-        for _ in 0..30 {
-            assert_eq!(
-                a.next_batch(8).unwrap().tokens,
-                b.next_batch(8).unwrap().tokens
-            );
-        }
-    }
-
-    #[test]
-    fn the_largest_size_grows_linearly_then_stays() {
-        assert_eq!(curriculum_max(1, 160, 0, 1), 160, "off");
-        assert_eq!(curriculum_max(1, 160, 100, 1), 2);
-        assert_eq!(curriculum_max(1, 160, 100, 50), 80);
-        assert_eq!(curriculum_max(1, 160, 100, 99), 158);
-        assert_eq!(curriculum_max(1, 160, 100, 100), 160);
-        assert_eq!(curriculum_max(1, 160, 100, 10_000), 160);
-        assert_eq!(curriculum_max(5, 5, 100, 1), 5);
-        let sizes: Vec<usize> = (1..=100).map(|b| curriculum_max(1, 160, 100, b)).collect();
-        assert!(sizes.windows(2).all(|w| w[0] <= w[1]));
     }
 }
