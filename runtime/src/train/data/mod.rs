@@ -1,6 +1,7 @@
 //! Training data: synthetic tasks ([`tasks`], the arithmetic generators in
 //! [`arith`]) and token files ([`file`](mod@file)),
-//! behind one [`Dataset`] that hands out training batches and fixed eval sets.
+//! behind one [`Dataset`] that hands out training batches and fixed eval sets;
+//! a task's training sizes follow its curriculum (`curriculum`).
 //!
 //! Everything is deterministic from the seed. Training batches come from one
 //! ChaCha20 stream; its word position is the *data position* saved in
