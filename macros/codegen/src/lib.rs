@@ -3,8 +3,8 @@
 //! This is a plain library, not a proc-macro crate, so that every step of the
 //! expansion can be unit- and snapshot-tested in process. The pipeline is the
 //! one thiserror and serde use: parse the attribute ([`attr`]), match the step
-//! struct against its checked spec ([`fields`]), then emit tokens ([`emit`],
-//! [`guard_tests`]). Errors are collected into one `syn::Error` so a single
+//! struct against its checked spec (`fields`), then emit tokens (`emit`,
+//! `guard_tests`). Errors are collected into one `syn::Error` so a single
 //! build reports all of them.
 //!
 //! The proc-macro shim (`stepgraph-macros`) only resolves the spec path and

@@ -35,7 +35,7 @@ pub const CHUNK_THREADS: u32 = 256;
 pub const CHUNK_PASS_THREADS: u32 = 256;
 
 /// Threads of the one-kernel state walk `m3c_states` (`M3C_SW_THREADS`):
-/// a warp per [`JOB_COLS`] columns of N.
+/// a warp per `JOB_COLS` columns of N.
 pub const STATES_THREADS: u32 = 128;
 
 /// Rows of P one `m3c_states` block owns.

@@ -83,7 +83,7 @@ pub struct LayerActs<B = DeviceBuffer<f32>> {
     /// Unrotated `Ĉ · B̂` `[rows, H]`.
     pub qk_raw: DeviceBuffer<f32>,
     /// Rotated queries `[rows, H, N]`, kept for the backward pass by the
-    /// mixed step (see [`keeps_qk`]); one element otherwise.
+    /// mixed step (see `keeps_qk`); one element otherwise.
     pub q: B,
     /// Rotated keys `[rows, H, N]`, kept like `q`.
     pub k: B,
@@ -111,7 +111,7 @@ pub fn chunk_scan<T: Compute>(sh: &Mamba3Shape) -> bool {
 }
 
 /// Whether a step whose compute type allows the chunk scan runs it at `sh`
-/// ([`chunk_scan`] without the type; the bench's memory estimate asks).
+/// (`chunk_scan` without the type; the bench's memory estimate asks).
 pub fn tensor_core_scan(sh: &Mamba3Shape) -> bool {
     kc::supported(sh) && sh.scan_form != ScanForm::Warp
 }
@@ -196,7 +196,7 @@ pub struct Acts<B = DeviceBuffer<f32>> {
     /// block's from `proj` and `phi` (one cheap kernel) instead of keeping
     /// 2 x n_layer x rows x H x N f32 values, the largest activation of a
     /// wide model. One element when the layers keep their own
-    /// ([`keeps_qk`]).
+    /// (`keeps_qk`).
     pub q: B,
     /// Rotated keys of the block being run `[rows, H, N]`, shared like `q`.
     pub k: B,
@@ -291,7 +291,7 @@ pub struct BackwardWork {
     /// The block's rotated queries, recomputed from its `proj` and `phi`
     /// (the forward pass keeps only the last block's) `[rows, H, N]`, for
     /// the f32 step; one element for a step that keeps its q/k
-    /// ([`keeps_qk`]) or computes in bf16.
+    /// (`keeps_qk`) or computes in bf16.
     pub q: DeviceBuffer<f32>,
     /// The block's rotated keys, recomputed like `q` `[rows, H, N]`.
     pub k: DeviceBuffer<f32>,
