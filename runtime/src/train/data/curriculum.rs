@@ -211,6 +211,27 @@ mod tests {
             .collect()
     }
 
+    /// Draws `batches` batches of 64 rows and checks every row's size
+    /// against `expected(batch)` (batches count from 1), whose end is the
+    /// curriculum's largest size; returns the sizes of each batch.
+    fn sizes_within(
+        d: &mut Dataset,
+        batches: u64,
+        expected: impl Fn(u64) -> std::ops::RangeInclusive<usize>,
+    ) -> Vec<Vec<usize>> {
+        (1..=batches)
+            .map(|b| {
+                let range = expected(b);
+                let sizes = row_sizes(d, 64);
+                assert_eq!(d.largest_size(), Some(*range.end()), "batch {b}");
+                for &n in &sizes {
+                    assert!(range.contains(&n), "batch {b}: size {n} outside {range:?}");
+                }
+                sizes
+            })
+            .collect()
+    }
+
     fn floored(train_min_len: usize) -> Dataset {
         data(0.0, 0, train_min_len, 5, 64)
     }
@@ -230,24 +251,13 @@ mod tests {
             "{}",
             d.describe()
         );
-        let mut first = std::collections::BTreeSet::new();
-        for b in 1..=40 {
-            let hi = curriculum_max(10, 21, 20, b);
-            let sizes = row_sizes(&mut d, 64);
-            assert_eq!(d.largest_size(), Some(hi), "batch {b}");
-            for &n in &sizes {
-                assert!(
-                    (min..=hi).contains(&n),
-                    "batch {b}: size {n} outside {min}..={hi}"
-                );
-            }
-            if b == 1 {
-                first.extend(sizes);
-            }
-        }
+        let drawn = sizes_within(&mut d, 40, |b| min..=curriculum_max(10, 21, 20, b));
         assert_eq!(d.largest_size(), Some(21), "it ends at the training size");
         assert_eq!(
-            first,
+            drawn[0]
+                .iter()
+                .copied()
+                .collect::<std::collections::BTreeSet<_>>(),
             (min..=10).collect(),
             "the first batch draws every size from the task's smallest to the start"
         );
@@ -277,22 +287,16 @@ mod tests {
             "{}",
             d.describe()
         );
-        let mut seen = std::collections::BTreeSet::new();
-        for b in 1..=60 {
+        let drawn = sizes_within(&mut d, 60, |b| {
             let hi = curriculum_max(min, 21, 20, b);
-            let lo = if hi == 21 { 15 } else { min };
-            for n in row_sizes(&mut d, 64) {
-                assert!(
-                    (lo..=hi).contains(&n),
-                    "batch {b}: size {n} outside {lo}..={hi}"
-                );
-                if b > 20 {
-                    seen.insert(n);
-                }
-            }
-        }
+            (if hi == 21 { 15 } else { min })..=hi
+        });
         assert_eq!(
-            seen,
+            drawn[20..]
+                .iter()
+                .flatten()
+                .copied()
+                .collect::<std::collections::BTreeSet<_>>(),
             (15..=21).collect(),
             "every size of the range is drawn"
         );
