@@ -161,6 +161,10 @@ fn problem_7_sizes_and_values_are_checked_up_front() {
         &["invalid value '-1' for '--clip <CLIP>': must be >= 0"],
     );
     usage(
+        &["train", "--adam-eps", "0"],
+        &["invalid value '0' for '--adam-eps <ADAM_EPS>': must be > 0"],
+    );
+    usage(
         &["train", "--beta2", "1"],
         &["invalid value '1' for '--beta2 <BETA2>': must lie strictly between 0 and 1"],
     );

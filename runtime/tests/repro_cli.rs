@@ -207,6 +207,10 @@ fn bad_arguments_are_usage_errors() {
         "invalid value '-1' for '--lr <LR>'",
     );
     usage(
+        &["repro", "state-tracking", "--adam-eps", "0"],
+        "invalid value '0' for '--adam-eps <ADAM_EPS>': must be > 0",
+    );
+    usage(
         &["repro", "state-tracking", "--resume", "t", "--seeds", "2"],
         "'--resume <RESUME>' cannot be used with '--seeds <SEEDS>'",
     );

@@ -411,6 +411,41 @@ fn the_chunk_size_changes_the_schedule_not_the_math() {
 }
 
 #[test]
+fn adam_eps_reaches_the_optimizer_and_binds_a_resume() {
+    // An epsilon far above every gradient turns each AdamW step into a
+    // gradient step of lr / eps: the same first batch, then other weights.
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, eps: &str| {
+        let out = tiny(
+            &["--device", "cpu", "--run-dir", name, "--adam-eps", eps],
+            dir.path(),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        losses(&dir.path().join(name))
+    };
+    let (usual, damped) = (run("usual", "1e-8"), run("damped", "10"));
+    assert_eq!(usual.len(), 6);
+    assert_eq!(usual[0], damped[0], "the first loss precedes any update");
+    assert!(
+        usual.iter().zip(&damped).skip(1).any(|(a, b)| a != b),
+        "{usual:?} vs {damped:?}"
+    );
+    let out = tiny(
+        &["--resume", "damped", "--steps", "8", "--adam-eps", "1e-8"],
+        dir.path(),
+    );
+    usage_error(
+        &out,
+        "--adam-eps: the run being resumed has `--adam-eps 10`, this command says \
+         `--adam-eps 0.00000001`",
+    );
+}
+
+#[test]
 fn usage_errors_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     usage_error(&tiny(&["--batch", "0"], dir.path()), "--batch");

@@ -49,6 +49,7 @@ fn run_config(steps: u64) -> RunConfig {
         warmup: 2,
         weight_decay: 0.1,
         beta2: 0.999,
+        adam_eps: stepgraph::train::DEFAULT_ADAM_EPS,
         decay: Decay::Matrices,
         clip: Some(1.0),
         seed: 5,

@@ -44,7 +44,7 @@ use thiserror::Error;
 use crate::Precision;
 use crate::train::data::Task;
 use crate::train::run::{Resolved, resolve_device};
-use crate::train::{Device, Rotation, Stop, TrainError};
+use crate::train::{DEFAULT_ADAM_EPS, Device, Rotation, Stop, TrainError};
 use runner::{Outcome, Plan, RunResult, Start};
 
 /// Why the reproduction could not run.
@@ -503,7 +503,7 @@ fn write_files(
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
              --eval-lens {},{} --curriculum {}{}{}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
-             --dt-init {}{}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`), weight decay 0.1 on the \
+             --dt-init {}{}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`){}, weight decay 0.1 on the \
              embedding and out_proj only (`--decay outputs`), clip 1, scan chunk {} \
              (`--chunk-size`){}\n",
             recipe::column(t),
@@ -539,6 +539,11 @@ fn write_files(
             r.ema.map_or_else(String::new, |d| format!(" --ema {d}")),
             recipe::d_state(opts.quick),
             recipe::BETA2,
+            if r.adam_eps == DEFAULT_ADAM_EPS {
+                String::new()
+            } else {
+                format!(" and eps {} (`--adam-eps`)", r.adam_eps)
+            },
             recipe::chunk_size(opts.precision),
             if r.ema.is_some() {
                 "; scores are the weight average's (the trained weights' in brackets in the runs table)"

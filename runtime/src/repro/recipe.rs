@@ -14,7 +14,9 @@
 use crate::Precision;
 use crate::mamba3::AActivation;
 use crate::train::data::{DataSpec, Task};
-use crate::train::{DEFAULT_CHUNK_SIZE, Decay, Device, DtInit, ModelSize, Rotation, RunConfig};
+use crate::train::{
+    DEFAULT_ADAM_EPS, DEFAULT_CHUNK_SIZE, Decay, Device, DtInit, ModelSize, Rotation, RunConfig,
+};
 
 /// The table's three columns, in the paper's order.
 pub const TASKS: [Task; 3] = [Task::Parity, Task::ModarithPrec, Task::ModarithBrackets];
@@ -101,6 +103,8 @@ pub struct Recipe {
     /// Per-step decay of the weight average whose scores the table
     /// reports (`None`: the trained weights' scores).
     pub ema: Option<f64>,
+    /// AdamW's denominator epsilon (`stepgraph train --adam-eps`).
+    pub adam_eps: f64,
 }
 
 /// The scan's chunk length for a table in `precision`: the same math at
@@ -165,6 +169,7 @@ fn arithmetic(task: Task) -> Recipe {
             max: 0.1,
         },
         ema: Some(0.999),
+        adam_eps: DEFAULT_ADAM_EPS,
     }
 }
 
@@ -193,6 +198,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             eval_every: 500,
             dt_init: DtInit::default(),
             ema: None,
+            adam_eps: DEFAULT_ADAM_EPS,
         },
         // 80 operands: rows of 2 * 80 + 1 = 161 tokens; 128: 257.
         Task::ModarithPrec | Task::Modarith => Recipe {
@@ -264,6 +270,10 @@ pub struct Overrides {
     /// from tables written before it.
     #[serde(default)]
     pub curriculum_start: Option<usize>,
+    /// AdamW's denominator epsilon (`--adam-eps`). Absent from tables
+    /// written before it.
+    #[serde(default)]
+    pub adam_eps: Option<f64>,
 }
 
 impl Overrides {
@@ -294,6 +304,7 @@ impl Overrides {
             ema: self.ema.or(r.ema),
             train_min_len: self.train_min_len.unwrap_or(r.train_min_len),
             curriculum_start: self.curriculum_start.unwrap_or(r.curriculum_start),
+            adam_eps: self.adam_eps.unwrap_or(r.adam_eps),
             ..r
         }
     }
@@ -375,6 +386,7 @@ impl Recipe {
             // chance (README, "Seed sensitivity"). At 0.95 the second moment
             // catches up within ~20 steps and one step moves at most ~0.45 lr.
             beta2: BETA2,
+            adam_eps: self.adam_eps,
             decay: Decay::Outputs,
             clip: Some(1.0),
             seed,
@@ -448,8 +460,15 @@ mod tests {
             ema: Some(0.999),
             train_min_len: Some(80),
             curriculum_start: Some(20),
+            adam_eps: Some(1e-5),
         };
         let r = o.apply(base.clone());
+        assert_eq!((base.adam_eps, r.adam_eps), (DEFAULT_ADAM_EPS, 1e-5));
+        assert_eq!(
+            r.run(Rotation::Data, 1, Precision::Bf16, Device::Cuda, false)
+                .adam_eps,
+            1e-5
+        );
         assert_eq!((base.ema, r.ema), (Some(0.999), Some(0.999)));
         let parity = recipe(Task::Parity, false);
         let o = Overrides {

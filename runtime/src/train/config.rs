@@ -305,6 +305,12 @@ pub struct RunConfig {
     /// load with AdamW's 0.999, which they trained with.
     #[serde(default = "default_beta2")]
     pub beta2: f64,
+    /// AdamW's denominator epsilon. It sets the gradient size below which
+    /// a step shrinks with the gradient instead of moving every weight by
+    /// about the learning rate. Runs saved before it was a setting load
+    /// with AdamW's 1e-8, which they trained with.
+    #[serde(default = "default_adam_eps")]
+    pub adam_eps: f64,
     /// Which tensors decay.
     pub decay: Decay,
     /// Global-norm clip (`None`: off).
@@ -332,6 +338,13 @@ pub const DEFAULT_BETA2: f64 = 0.999;
 
 fn default_beta2() -> f64 {
     DEFAULT_BETA2
+}
+
+/// AdamW's usual denominator epsilon, the `--adam-eps` default.
+pub const DEFAULT_ADAM_EPS: f64 = 1e-8;
+
+fn default_adam_eps() -> f64 {
+    DEFAULT_ADAM_EPS
 }
 
 /// One setting of a [`RunConfig`], named by its flag.
@@ -370,6 +383,7 @@ pub enum Setting {
     Warmup,
     WeightDecay,
     Beta2,
+    AdamEps,
     Decay,
     Clip,
     Seed,
@@ -399,7 +413,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 40] = [
+    pub const ALL: [Setting; 41] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -432,6 +446,7 @@ impl Setting {
         Self::Warmup,
         Self::WeightDecay,
         Self::Beta2,
+        Self::AdamEps,
         Self::Decay,
         Self::Clip,
         Self::Seed,
@@ -477,6 +492,7 @@ impl Setting {
             Self::Warmup => "--warmup",
             Self::WeightDecay => "--weight-decay",
             Self::Beta2 => "--beta2",
+            Self::AdamEps => "--adam-eps",
             Self::Decay => "--decay",
             Self::Clip => "--clip",
             Self::Seed => "--seed",
@@ -588,6 +604,7 @@ impl Setting {
             (Self::Warmup, _) => with(cfg.warmup.to_string()),
             (Self::WeightDecay, _) => with(cfg.weight_decay.to_string()),
             (Self::Beta2, _) => with(cfg.beta2.to_string()),
+            (Self::AdamEps, _) => with(cfg.adam_eps.to_string()),
             (Self::Decay, _) => with(cfg.decay.name().into()),
             (Self::Clip, _) => with(cfg.clip.map_or_else(|| "0".into(), |c| c.to_string())),
             (Self::Seed, _) => with(cfg.seed.to_string()),
@@ -699,6 +716,12 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
         return Err(invalid(
             "--beta2",
             format!("must be in (0, 1), got {}", o.beta2),
+        ));
+    }
+    if !(o.adam_eps.is_finite() && o.adam_eps > 0.0) {
+        return Err(invalid(
+            "--adam-eps",
+            format!("must be finite and > 0, got {}", o.adam_eps),
         ));
     }
     if let Some(d) = o.ema
@@ -1030,6 +1053,7 @@ mod tests {
             warmup: 2,
             weight_decay: 0.1,
             beta2: 0.95,
+            adam_eps: super::DEFAULT_ADAM_EPS,
             decay: super::Decay::Outputs,
             clip: Some(1.0),
             seed: 1,
@@ -1052,6 +1076,40 @@ mod tests {
             super::DEFAULT_BETA2,
             crate::optim::AdamWConfig::default().beta2
         );
+    }
+
+    #[test]
+    fn runs_saved_before_adam_eps_load_with_adamw_default() {
+        let run = super::RunConfig {
+            adam_eps: 1e-5,
+            ..a_run()
+        };
+        let mut json = serde_json::to_value(&run).unwrap();
+        assert_eq!(json["adam_eps"], 1e-5);
+        json.as_object_mut().unwrap().remove("adam_eps").unwrap();
+        let old: super::RunConfig = serde_json::from_value(json).unwrap();
+        assert_eq!(old.adam_eps, super::DEFAULT_ADAM_EPS);
+        assert_eq!(
+            super::DEFAULT_ADAM_EPS,
+            crate::optim::AdamWConfig::default().eps
+        );
+    }
+
+    #[test]
+    fn adam_eps_must_be_finite_and_positive() {
+        for bad in [0.0, -1e-8, f64::NAN, f64::INFINITY] {
+            let run = super::RunConfig {
+                adam_eps: bad,
+                ..a_run()
+            };
+            let err = super::validate(&run).unwrap_err().to_string();
+            assert!(err.contains("--adam-eps"), "{bad}: {err}");
+        }
+        super::validate(&super::RunConfig {
+            adam_eps: 1e-5,
+            ..a_run()
+        })
+        .unwrap();
     }
 
     #[test]

@@ -31,8 +31,8 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 pub use config::{
-    DEFAULT_BETA2, DEFAULT_CHUNK_SIZE, Decay, Device, DtInit, ModelSize, Rotation, RunConfig,
-    Setting,
+    DEFAULT_ADAM_EPS, DEFAULT_BETA2, DEFAULT_CHUNK_SIZE, Decay, Device, DtInit, ModelSize,
+    Rotation, RunConfig, Setting,
 };
 pub use cpu::CpuEngine;
 pub use engine::{

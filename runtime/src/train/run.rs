@@ -625,6 +625,7 @@ fn run_in(
             lr: start.run.lr,
             weight_decay: start.run.weight_decay,
             beta2: start.run.beta2,
+            eps: start.run.adam_eps,
             ..AdamWConfig::default()
         },
         decay: start.run.decay.policy(&crate::step::params(&start.cfg)),

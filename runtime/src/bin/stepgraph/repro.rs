@@ -119,6 +119,10 @@ struct StArgs {
     /// (`stepgraph train --curriculum-start`).
     #[arg(long)]
     curriculum_start: Option<usize>,
+    /// AdamW's denominator epsilon of every run instead of 1e-8, > 0
+    /// (`stepgraph train --adam-eps`).
+    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
+    adam_eps: Option<f64>,
     /// Instead of training, merge the output directories of several parts
     /// (comma-separated) into one table in --out.
     #[arg(
@@ -127,7 +131,7 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "d_model", "headdim",
-            "curriculum_gate", "dt_init", "ema", "train_min_len", "curriculum_start",
+            "curriculum_gate", "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -141,7 +145,7 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
             "steps", "curriculum", "batch", "lr", "d_model", "headdim", "curriculum_gate",
-            "dt_init", "ema", "train_min_len", "curriculum_start", "merge", "out",
+            "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps", "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -198,6 +202,7 @@ fn options(a: &StArgs) -> ReproOptions {
             ema: a.ema,
             train_min_len: a.train_min_len,
             curriculum_start: a.curriculum_start,
+            adam_eps: a.adam_eps,
         },
     }
 }

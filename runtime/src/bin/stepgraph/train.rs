@@ -22,8 +22,8 @@ use stepgraph::train::data::{DataFormat, DataSpec, Task};
 use stepgraph::train::report::{ProgressMode, clock, human};
 use stepgraph::train::run::LossWindow;
 use stepgraph::train::{
-    DEFAULT_BETA2, DEFAULT_CHUNK_SIZE, Decay, Device, DtInit, ModelSize, Resume, Rotation,
-    RunConfig, RunStatus, RunSummary, Setting, SignalAction, Stop, TrainOptions, train,
+    DEFAULT_ADAM_EPS, DEFAULT_BETA2, DEFAULT_CHUNK_SIZE, Decay, Device, DtInit, ModelSize, Resume,
+    Rotation, RunConfig, RunStatus, RunSummary, Setting, SignalAction, Stop, TrainOptions, train,
 };
 
 use crate::parse::{at_least_one, at_least_one_u64, non_negative, open_fraction, positive};
@@ -150,6 +150,11 @@ pub struct Args {
     /// hundreds.
     #[arg(long, default_value_t = DEFAULT_BETA2, value_parser = open_fraction, allow_negative_numbers = true)]
     beta2: f64,
+    /// AdamW's denominator epsilon, > 0. Where a weight's gradients are
+    /// far below it, its step shrinks with them instead of staying near the
+    /// learning rate (a solved task's weights stop wandering).
+    #[arg(long, default_value_t = DEFAULT_ADAM_EPS, value_parser = positive, allow_negative_numbers = true)]
+    adam_eps: f64,
     /// Which tensors decay: matrices (embedding, projections), outputs (the
     /// embedding / LM head and out_proj: every matrix but in_proj), all, or none.
     #[arg(long, value_enum, default_value_t = DecayArg::Matrices)]
@@ -363,6 +368,7 @@ fn run_config(a: &Args) -> RunConfig {
         warmup: a.warmup,
         weight_decay: a.weight_decay,
         beta2: a.beta2,
+        adam_eps: a.adam_eps,
         decay: match a.decay {
             DecayArg::Matrices => Decay::Matrices,
             DecayArg::Outputs => Decay::Outputs,
