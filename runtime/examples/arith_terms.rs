@@ -5,7 +5,8 @@
 //! mod 5 are different rotations (steps of `2 pi / 5` against the discrete
 //! log's `2 pi / 4`, with a reset at every `+` or `-`); a model whose
 //! multiplication is inexact fails on long terms first, and longer rows hold
-//! longer terms. The README's round 14 reads its checkpoints this way.
+//! longer terms. Round 14 of tests/gpu/STATE-TRACKING.md reads its
+//! checkpoints this way.
 //!
 //! ```sh
 //! cargo run --release --example arith_terms -- CHECKPOINT SIZE[-MAX] [ROWS] [SEED] [sums|products]

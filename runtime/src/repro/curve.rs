@@ -1,7 +1,7 @@
 //! A run's learning curve in two numbers: when it first did clearly better
 //! than chance at its training size, and how often it fell back to chance
 //! afterwards. On the H200 these were the two ways the arithmetic runs
-//! missed the paper's number (README, rounds 5-8): seeds that started
+//! missed the paper's number (tests/gpu/STATE-TRACKING.md, rounds 5-8): seeds that started
 //! thousands of steps later than others, and runs that lost a learned task
 //! for a thousand steps or more before learning it again.
 

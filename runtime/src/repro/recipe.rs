@@ -126,7 +126,7 @@ pub fn chunk_size(precision: Precision) -> usize {
 /// xLSTM's formal-language suite) the tasks come from; on the H200 they
 /// learned rows of 41 tokens in every run where batch 64 or lr 3e-3 learned
 /// nothing. The 4000-step curriculum is what rows of 161 tokens need (H200,
-/// README "Arithmetic at full length"): with every size from the first step
+/// tests/gpu/STATE-TRACKING.md, "Arithmetic at full length"): with every size from the first step
 /// no run of 10,000 steps learned 80 operands (8 runs, headdim 16, 32, 64);
 /// with the curriculum seed 0 reached 93.4% at 80 and 91.4% at 128 by step
 /// 10,000, seed 2 was learning (71.5% at 80 by step 8000), seeds 1 and 3
@@ -134,18 +134,18 @@ pub fn chunk_size(precision: Precision) -> usize {
 /// curriculum reached only 59.4% / 22.7%. 20,000 steps give the later
 /// starters time: with them seeds 1 and 2 both learned (68.0% and 87.5% at
 /// 128 operands, bf16); a loss-gated curriculum and twice the width did
-/// not make more seeds start early (README, rounds 6-8). The table reports
+/// not make more seeds start early (STATE-TRACKING.md, rounds 6-8). The table reports
 /// the average of the weights over about the last thousand steps (`--ema
 /// 0.999`): the trained weights' accuracy beyond the training length swings
 /// by tens of points between evaluations, the average's rose steadily in
-/// every run that started (README, round 15: 84, 89, 88, 78% raw at 128
+/// every run that started (STATE-TRACKING.md, round 15: 84, 89, 88, 78% raw at 128
 /// operands at step 14,000 against 74, 14, 84, 70%). Each head's initial
 /// `dt` is drawn in 0.01-0.1 instead of the official 0.001-0.1: runs whose
 /// middle layer started or sank below ~0.02 stayed at chance or started
 /// last (rounds 6-11), and with the narrower range no layer did; over two
 /// 5-seed rounds each the narrower range started 9 of 10 runs and scored 71.1
 /// and 82.2 at 128 operands, the official one 10 of 10 (later) and 9 of 10,
-/// 72.8 and 71.1 (README, rounds 12 and 16 against 8/10 and 15).
+/// 72.8 and 71.1 (STATE-TRACKING.md, rounds 12 and 16 against 8/10 and 15).
 fn arithmetic(task: Task) -> Recipe {
     Recipe {
         task,

@@ -184,7 +184,8 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
             }),
             per_layer(r, |l| format!("{:.2}", l.angle_max)),
             // A quiet middle layer (dt ~0.01-0.03) marked the arithmetic
-            // runs still at chance on the H200 (README, rounds 6 and 7).
+            // runs still at chance on the H200 (tests/gpu/STATE-TRACKING.md,
+            // rounds 6 and 7).
             per_layer(r, |l| format!("{:.3}", l.dt_mean)),
         );
     }

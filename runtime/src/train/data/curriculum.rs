@@ -53,7 +53,7 @@ impl Curriculum {
 
     /// The sizes drawn once the clock reads `clock`. The floor waits for
     /// the curriculum's end: short rows are what a run first learns from
-    /// (README, "Arithmetic at full length"; round 17).
+    /// (tests/gpu/STATE-TRACKING.md, "Arithmetic at full length"; round 17).
     pub fn drawn(&self, clock: u64) -> RangeInclusive<usize> {
         let hi = self.largest(clock);
         let lo = if hi >= self.train_len {
