@@ -370,31 +370,31 @@ fn losses(run: &Path) -> Vec<f64> {
         .collect()
 }
 
+/// The training losses of a tiny CPU run in `dir/name` with `extra` flags,
+/// which must succeed.
+fn cpu_losses(dir: &Path, name: &str, extra: &[&str]) -> Vec<f64> {
+    let mut args = vec!["--device", "cpu", "--run-dir", name];
+    args.extend(extra);
+    let out = tiny(&args, dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    losses(&dir.join(name))
+}
+
 #[test]
 fn the_chunk_size_changes_the_schedule_not_the_math() {
     // Rows of 16 tokens: chunks of 3 split every row unevenly, 64 keeps it
     // whole; the chunked recurrence is exact, so only f32 rounding differs.
     let dir = tempfile::tempdir().unwrap();
     let run = |name: &str, chunk: &str| {
-        let out = tiny(
-            &[
-                "--device",
-                "cpu",
-                "--train-len",
-                "16",
-                "--run-dir",
-                name,
-                "--chunk-size",
-                chunk,
-            ],
+        cpu_losses(
             dir.path(),
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        losses(&dir.path().join(name))
+            name,
+            &["--train-len", "16", "--chunk-size", chunk],
+        )
     };
     let (short, whole) = (run("c3", "3"), run("c64", "64"));
     assert_eq!(short.len(), 6);
@@ -415,18 +415,7 @@ fn adam_eps_reaches_the_optimizer_and_binds_a_resume() {
     // An epsilon far above every gradient turns each AdamW step into a
     // gradient step of lr / eps: the same first batch, then other weights.
     let dir = tempfile::tempdir().unwrap();
-    let run = |name: &str, eps: &str| {
-        let out = tiny(
-            &["--device", "cpu", "--run-dir", name, "--adam-eps", eps],
-            dir.path(),
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        losses(&dir.path().join(name))
-    };
+    let run = |name: &str, eps: &str| cpu_losses(dir.path(), name, &["--adam-eps", eps]);
     let (usual, damped) = (run("usual", "1e-8"), run("damped", "10"));
     assert_eq!(usual.len(), 6);
     assert_eq!(usual[0], damped[0], "the first loss precedes any update");
