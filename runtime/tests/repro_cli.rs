@@ -207,6 +207,17 @@ fn bad_arguments_are_usage_errors() {
         "invalid value '-1' for '--lr <LR>'",
     );
     usage(
+        &[
+            "repro",
+            "state-tracking",
+            "--min-lr",
+            "0.01",
+            "--tasks",
+            "parity",
+        ],
+        "--min-lr: 0.01 is above --lr 0.001",
+    );
+    usage(
         &["repro", "state-tracking", "--adam-eps", "0"],
         "invalid value '0' for '--adam-eps <ADAM_EPS>': must be > 0",
     );

@@ -151,8 +151,9 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReproError {
     move |source| ReproError::Io { path, source }
 }
 
-/// Checks the options, before anything is created.
-fn validate(o: &ReproOptions) -> Result<(), ReproError> {
+/// Checks the options, before anything is created: each problem names its
+/// flag. [`state_tracking`] checks them again, so callers need not.
+pub fn validate(o: &ReproOptions) -> Result<(), ReproError> {
     if o.seeds.is_empty() {
         return Err(invalid("--seeds", "must be at least 1"));
     }
@@ -231,6 +232,12 @@ fn validate(o: &ReproOptions) -> Result<(), ReproError> {
                     "--d-model"
                 };
                 invalid(flag, e.to_string())
+            })?;
+            // Every other setting a run checks (e.g. --min-lr against the
+            // recipe's peak), refused before any run starts.
+            crate::train::config::validate(&run).map_err(|e| match e {
+                TrainError::InvalidOption { flag, reason } => invalid(flag, reason),
+                other => ReproError::Train(other),
             })?;
         }
     }

@@ -245,6 +245,10 @@ pub struct Overrides {
     pub batch: Option<usize>,
     /// Peak learning rate.
     pub lr: Option<f64>,
+    /// Final learning rate of the cosine (`--min-lr`). Absent from tables
+    /// written before it.
+    #[serde(default)]
+    pub min_lr: Option<f64>,
     /// Residual width (heads follow: `2 d_model / headdim`).
     pub d_model: Option<usize>,
     /// Head dimension (fewer, wider heads make the step cheaper:
@@ -297,6 +301,7 @@ impl Overrides {
             curriculum,
             batch: self.batch.unwrap_or(r.batch),
             lr: self.lr.unwrap_or(r.lr),
+            min_lr: self.min_lr.unwrap_or(r.min_lr),
             d_model: self.d_model.unwrap_or(r.d_model),
             headdim: self.headdim.unwrap_or(r.headdim),
             curriculum_gate: self.curriculum_gate.unwrap_or(r.curriculum_gate),
@@ -461,8 +466,10 @@ mod tests {
             train_min_len: Some(80),
             curriculum_start: Some(20),
             adam_eps: Some(1e-5),
+            min_lr: Some(1e-4),
         };
         let r = o.apply(base.clone());
+        assert_eq!((base.min_lr, r.min_lr), (1e-5, 1e-4));
         assert_eq!((base.adam_eps, r.adam_eps), (DEFAULT_ADAM_EPS, 1e-5));
         assert_eq!(
             r.run(Rotation::Data, 1, Precision::Bf16, Device::Cuda, false)

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use stepgraph::Precision;
 use stepgraph::repro::recipe::{Overrides, ROTATIONS, TASKS};
 use stepgraph::repro::{
-    ReproError, ReproOptions, ReproReport, merge::merge, resume::resume, state_tracking,
+    ReproError, ReproOptions, ReproReport, merge::merge, resume::resume, state_tracking, validate,
 };
 use stepgraph::train::data::Task;
 use stepgraph::train::{Device, DtInit, SignalAction, Stop};
@@ -90,6 +90,10 @@ struct StArgs {
     /// Peak learning rate instead of the recipe's.
     #[arg(long, value_parser = positive, allow_negative_numbers = true)]
     lr: Option<f64>,
+    /// Final learning rate of the cosine instead of the recipe's 1e-5, at
+    /// most the peak (`stepgraph train --min-lr`).
+    #[arg(long, value_parser = non_negative, allow_negative_numbers = true)]
+    min_lr: Option<f64>,
     /// Residual width instead of the recipe's (heads: 2 d_model / headdim).
     #[arg(long, value_parser = at_least_one)]
     d_model: Option<usize>,
@@ -130,7 +134,7 @@ struct StArgs {
         value_delimiter = ',',
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
-            "time_limit", "steps", "curriculum", "batch", "lr", "d_model", "headdim",
+            "time_limit", "steps", "curriculum", "batch", "lr", "min_lr", "d_model", "headdim",
             "curriculum_gate", "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps",
         ]
     )]
@@ -144,7 +148,7 @@ struct StArgs {
         long,
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
-            "steps", "curriculum", "batch", "lr", "d_model", "headdim", "curriculum_gate",
+            "steps", "curriculum", "batch", "lr", "min_lr", "d_model", "headdim", "curriculum_gate",
             "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps", "merge", "out",
         ]
     )]
@@ -195,6 +199,7 @@ fn options(a: &StArgs) -> ReproOptions {
             curriculum: a.curriculum,
             batch: a.batch,
             lr: a.lr,
+            min_lr: a.min_lr,
             d_model: a.d_model,
             headdim: a.headdim,
             curriculum_gate: a.curriculum_gate,
@@ -247,6 +252,9 @@ pub fn run(args: &Args) -> ExitCode {
         );
     }
     let opts = options(a);
+    if let Err(e) = validate(&opts) {
+        return finish(Err(e), "");
+    }
     println!(
         "stepgraph repro state-tracking: {} tasks x {} rotation modes x {} seeds, {}, {} at once",
         opts.tasks.len(),
