@@ -15,6 +15,14 @@
 //! device round trip per step, and over ten steps the weights move by a few
 //! hundredths of the average's horizon. The first fold starts the average
 //! at the weights of that step.
+//!
+//! A young run's decay is lower: at step `t` a fold uses
+//! `min(decay, (1 + t) / (10 + t))` per step, so the average spans about the
+//! last tenth of the run until that reaches the decay's horizon (step ~9000
+//! for 0.999). With the fixed decay alone, a 3000-step run's average held
+//! 5% (0.999^3000) of its first fold's weights, and 5% of an untrained
+//! rotation angle put a parity model's average at chance while its trained
+//! weights scored 100 (tests/gpu/STATE-TRACKING.md, the CPU parity runs).
 
 use crate::mamba3::cpu::Weights;
 
@@ -64,10 +72,24 @@ impl Ema {
         step >= EVERY
     }
 
-    /// Folds `w` into the average: `avg += (1 - keep) (w - avg)`, or starts
-    /// it at `w`.
-    pub fn fold(&mut self, w: &Weights<f32>) {
-        let take = 1.0 - self.keep;
+    /// The weight of the old average in the fold at `step`: the decay's,
+    /// or the young run's ramp `((1 + step) / (10 + step))^EVERY` when
+    /// that is lower.
+    fn keep_at(&self, step: u64) -> f32 {
+        let t = f64::from(u32::try_from(step).unwrap_or(u32::MAX));
+        let steps = i32::try_from(EVERY).unwrap_or(i32::MAX);
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "a ratio in (0, 1) to the tenth power is in (0, 1): f32 holds it"
+        )]
+        let ramp = ((1.0 + t) / (10.0 + t)).powi(steps) as f32;
+        self.keep.min(ramp)
+    }
+
+    /// Folds `w`, the weights after step `step`, into the average:
+    /// `avg += (1 - keep) (w - avg)`, or starts it at `w`.
+    pub fn fold(&mut self, w: &Weights<f32>, step: u64) {
+        let take = 1.0 - self.keep_at(step);
         match &mut self.weights {
             None => self.weights = Some(w.clone()),
             Some(avg) => {
@@ -112,8 +134,9 @@ mod tests {
         assert!(!Ema::due(0) && !Ema::due(9) && Ema::due(10) && Ema::due(20));
         let mut ema = Ema::new(0.99);
         assert!(ema.weights().is_none());
-        ema.fold(&filled(&cfg, 1.0));
-        ema.fold(&filled(&cfg, 3.0));
+        // Late enough that the ramp (1 + t) / (10 + t) is above 0.99.
+        ema.fold(&filled(&cfg, 1.0), 2000);
+        ema.fold(&filled(&cfg, 3.0), 2010);
         let keep = 0.99f64.powi(10);
         let want = keep + (1.0 - keep) * 3.0;
         let avg = ema.weights().expect("started");
@@ -124,5 +147,37 @@ mod tests {
         }
         let back = Ema::restored(0.99, Some(avg.clone()));
         assert_eq!(back, ema);
+    }
+
+    #[test]
+    fn a_short_run_keeps_almost_none_of_its_first_weights() {
+        let cfg = Mamba3Config {
+            d_model: 16,
+            n_layer: 1,
+            d_state: 8,
+            headdim: 8,
+            vocab_size: 8,
+            ..Mamba3Config::default()
+        };
+        // The first fold's weights are 1, every later one 0: what is left
+        // of the 1 after 3000 steps is their share of the average.
+        let mut ema = Ema::new(0.999);
+        ema.fold(&filled(&cfg, 1.0), EVERY);
+        let zero = filled(&cfg, 0.0);
+        for step in (2 * EVERY..=3000).step_by(10) {
+            ema.fold(&zero, step);
+        }
+        let share = ema.weights().expect("started").tensors()[0][0];
+        assert!(
+            share < 1e-3,
+            "{share}: the fixed decay alone would leave 0.999^2990 = 5%"
+        );
+        // Once past the ramp, the decay alone: a fold at step 1e6 keeps
+        // 0.999^10 of the old average.
+        let mut late = Ema::new(0.999);
+        late.fold(&filled(&cfg, 1.0), 1_000_000);
+        late.fold(&zero, 1_000_010);
+        let left = late.weights().expect("started").tensors()[0][0];
+        assert!((f64::from(left) - 0.999f64.powi(10)).abs() < 1e-6, "{left}");
     }
 }

@@ -805,7 +805,7 @@ fn run_in(
             && Ema::due(step)
         {
             let w = engine.weights()?;
-            e.fold(&w);
+            e.fold(&w, step);
             folded = Some(w);
         }
         if first.len() < 2 * SUMMARY_STEPS {
