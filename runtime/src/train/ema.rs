@@ -113,6 +113,17 @@ mod tests {
     use super::*;
     use crate::mamba3::Mamba3Config;
 
+    fn tiny() -> Mamba3Config {
+        Mamba3Config {
+            d_model: 16,
+            n_layer: 1,
+            d_state: 8,
+            headdim: 8,
+            vocab_size: 8,
+            ..Mamba3Config::default()
+        }
+    }
+
     fn filled(cfg: &Mamba3Config, v: f32) -> Weights<f32> {
         let mut w = Weights::<f32>::zeros(cfg);
         for t in w.tensors_mut() {
@@ -123,14 +134,7 @@ mod tests {
 
     #[test]
     fn folds_every_tenth_step_with_the_decay_of_ten_steps() {
-        let cfg = Mamba3Config {
-            d_model: 16,
-            n_layer: 1,
-            d_state: 8,
-            headdim: 8,
-            vocab_size: 8,
-            ..Mamba3Config::default()
-        };
+        let cfg = tiny();
         assert!(!Ema::due(0) && !Ema::due(9) && Ema::due(10) && Ema::due(20));
         let mut ema = Ema::new(0.99);
         assert!(ema.weights().is_none());
@@ -151,14 +155,7 @@ mod tests {
 
     #[test]
     fn a_short_run_keeps_almost_none_of_its_first_weights() {
-        let cfg = Mamba3Config {
-            d_model: 16,
-            n_layer: 1,
-            d_state: 8,
-            headdim: 8,
-            vocab_size: 8,
-            ..Mamba3Config::default()
-        };
+        let cfg = tiny();
         // The first fold's weights are 1, every later one 0: what is left
         // of the 1 after 3000 steps is their share of the average.
         let mut ema = Ema::new(0.999);

@@ -735,12 +735,16 @@ mod tests {
         }
     }
 
+    /// `run` as a run saved before `field` was a setting would load.
+    fn saved_without(run: &super::RunConfig, field: &str) -> super::RunConfig {
+        let mut json = serde_json::to_value(run).unwrap();
+        json.as_object_mut().unwrap().remove(field).unwrap();
+        serde_json::from_value(json).unwrap()
+    }
+
     #[test]
     fn runs_saved_before_beta2_load_with_adamw_default() {
-        let run = a_run();
-        let mut json = serde_json::to_value(&run).unwrap();
-        json.as_object_mut().unwrap().remove("beta2").unwrap();
-        let old: super::RunConfig = serde_json::from_value(json).unwrap();
+        let old = saved_without(&a_run(), "beta2");
         assert_eq!(old.beta2, super::DEFAULT_BETA2);
         assert_eq!(
             super::DEFAULT_BETA2,
@@ -754,10 +758,8 @@ mod tests {
             adam_eps: 1e-5,
             ..a_run()
         };
-        let mut json = serde_json::to_value(&run).unwrap();
-        assert_eq!(json["adam_eps"], 1e-5);
-        json.as_object_mut().unwrap().remove("adam_eps").unwrap();
-        let old: super::RunConfig = serde_json::from_value(json).unwrap();
+        assert_eq!(serde_json::to_value(&run).unwrap()["adam_eps"], 1e-5);
+        let old = saved_without(&run, "adam_eps");
         assert_eq!(old.adam_eps, super::DEFAULT_ADAM_EPS);
         assert_eq!(
             super::DEFAULT_ADAM_EPS,
