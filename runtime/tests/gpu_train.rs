@@ -67,6 +67,7 @@ fn parity(n: usize, rows: usize, seed: u64) -> (Vec<Batch>, usize) {
         curriculum_gate: 0.0,
         curriculum_start: 0,
         train_min_len: 0,
+        skewed_rows: 0.0,
     };
     let mut data = Dataset::new(&spec, seed, rows).expect("dataset");
     let width = data.train_width();

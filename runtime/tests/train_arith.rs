@@ -2,12 +2,16 @@
 //! formats, brackets balanced, every answer checked against an independent
 //! evaluator (a recursive-descent parser with the usual precedence, written
 //! here and sharing nothing with the generators), held-out sets disjoint
-//! from training, and the paper's scaled accuracy.
+//! from training, and the paper's scaled accuracy. Skewed training rows
+//! (`--skewed-rows`, every state-tracking task): answered as right, as
+//! skewed as promised, and never in the evaluation sets, which stay
+//! uniform.
 
 use std::collections::HashSet;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
+use stepgraph::train::data::skew::Symbols;
 use stepgraph::train::data::tasks::is_eval_instance;
 use stepgraph::train::data::{DataSpec, Dataset, Task};
 
@@ -198,6 +202,7 @@ fn held_out_sets_are_disjoint_from_training() {
             curriculum_gate: 0.0,
             curriculum_start: 0,
             train_min_len: 0,
+            skewed_rows: 0.0,
         };
         let mut data = Dataset::new(&spec, 5, 32).unwrap();
         let eval: HashSet<Vec<u32>> = data
@@ -265,5 +270,126 @@ fn the_new_tasks_parse_and_serialize_by_name() {
         assert_eq!(name.parse::<Task>(), Ok(task));
         assert_eq!(task.name(), name);
         assert_eq!(serde_json::to_string(&task).unwrap(), format!("\"{name}\""));
+    }
+}
+
+/// The answer of any state-tracking row, computed here: parity's XOR,
+/// `modarith`'s left-to-right value, the evaluator for the other two.
+fn reference_answer(task: Task, expr: &[u32]) -> Option<u32> {
+    match task {
+        Task::Parity => Some(expr.iter().fold(0, |a, &b| a ^ b)),
+        Task::Modarith => {
+            let mut acc = expr[0];
+            for pair in expr[1..].chunks(2) {
+                acc = match pair[0] {
+                    PLUS => (acc + pair[1]) % 5,
+                    MINUS => (acc + 5 - pair[1]) % 5,
+                    _ => acc * pair[1] % 5,
+                };
+            }
+            Some(acc)
+        }
+        _ => evaluate(expr),
+    }
+}
+
+const STATE_TRACKING: [Task; 4] = [
+    Task::Parity,
+    Task::Modarith,
+    Task::ModarithPrec,
+    Task::ModarithBrackets,
+];
+
+#[test]
+fn skewed_rows_are_answered_right_and_skewed() {
+    let mut r = rng(31);
+    for task in STATE_TRACKING {
+        let values = task.modulus().unwrap();
+        // The largest share one value takes in a row, over many rows.
+        let mut top_share: f64 = 0.0;
+        for n in [1, 2, 7, 40, 160] {
+            for _ in 0..60 {
+                let symbols = task.skewed_symbols(&mut r);
+                let ex = task.sample_from(n, false, &symbols, &mut r);
+                let t = &ex.tokens;
+                assert_eq!(t.len(), task.width(n), "{task:?}");
+                let eq = *ex.answers.first().unwrap();
+                let expr = &t[..eq];
+                assert_eq!(Some(t[eq + 1]), reference_answer(task, expr), "{task:?}: {expr:?}");
+                let operands: Vec<u32> = expr.iter().copied().filter(|&x| x < values).collect();
+                if n == 160 {
+                    let most = (0..values)
+                        .map(|v| operands.iter().filter(|&&x| x == v).count())
+                        .max()
+                        .unwrap();
+                    top_share = top_share.max(most as f64 / operands.len() as f64);
+                }
+            }
+        }
+        // Uniform rows of this size keep every value near 1 / values.
+        assert!(top_share > 0.85, "{task:?}: at most {top_share} of one value");
+    }
+}
+
+#[test]
+fn uniform_symbols_draw_the_published_rows() {
+    for task in STATE_TRACKING {
+        let (mut a, mut b) = (rng(32), rng(32));
+        for n in [1, 5, 33] {
+            assert_eq!(
+                task.generate(n, &mut a),
+                task.generate_from(n, &Symbols::Uniform, &mut b)
+            );
+        }
+    }
+}
+
+#[test]
+fn skewed_training_rows_leave_the_eval_sets_alone() {
+    for task in STATE_TRACKING {
+        let spec = |skewed_rows| DataSpec::Task {
+            task,
+            train_len: 40,
+            eval_lens: vec![40, 80],
+            curriculum: 0,
+            curriculum_gate: 0.0,
+            curriculum_start: 0,
+            train_min_len: 0,
+            skewed_rows,
+        };
+        let rows = |d: &Dataset| -> Vec<Vec<u32>> {
+            d.eval_sets()
+                .iter()
+                .flat_map(|s| &s.batches)
+                .flat_map(|b| b.tokens.chunks(b.width).map(<[u32]>::to_vec))
+                .collect()
+        };
+        let plain = Dataset::new(&spec(0.0), 6, 32).unwrap();
+        let mut skewed = Dataset::new(&spec(0.5), 6, 32).unwrap();
+        let eval = rows(&skewed);
+        assert_eq!(rows(&plain), eval, "{task:?}: eval rows changed");
+        let eval: HashSet<Vec<u32>> = eval.into_iter().collect();
+        // Half the training rows skewed: some rows far from uniform, none
+        // an eval instance.
+        let values = task.modulus().unwrap();
+        let mut lopsided = 0;
+        for _ in 0..10 {
+            let b = skewed.next_batch(64).unwrap();
+            for row in b.tokens.chunks(b.width) {
+                let inst: Vec<u32> = row.iter().copied().filter(|&t| t != task.pad()).collect();
+                if inst.len() > 20 {
+                    assert!(!is_eval_instance(&inst), "{task:?}: {inst:?}");
+                    assert!(!eval.contains(row), "{task:?}: an eval row in training");
+                    let operands: Vec<u32> =
+                        inst[..inst.len() - 2].iter().copied().filter(|&x| x < values).collect();
+                    let most = (0..values)
+                        .map(|v| operands.iter().filter(|&&x| x == v).count())
+                        .max()
+                        .unwrap();
+                    lopsided += usize::from(most * 10 > operands.len() * 8);
+                }
+            }
+        }
+        assert!(lopsided > 10, "{task:?}: {lopsided} rows with one value above 80%");
     }
 }

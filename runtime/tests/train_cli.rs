@@ -459,6 +459,14 @@ fn usage_errors_exit_2() {
         ),
         "--curriculum-start: 5 is above --train-len 4",
     );
+    usage_error(
+        &tiny(&["--skewed-rows", "1.5"], dir.path()),
+        "--skewed-rows <SKEWED_ROWS>': must lie between 0 and 1",
+    );
+    usage_error(
+        &tiny(&["--task", "copy", "--skewed-rows", "0.5"], dir.path()),
+        "--skewed-rows: skews the values and operators of a state-tracking row",
+    );
     let mqar = ["--task", "mqar", "--eval-lens", "99"];
     usage_error(
         &tiny(&mqar, dir.path()),

@@ -26,6 +26,7 @@ fn run_config(steps: u64) -> RunConfig {
             curriculum_gate: 0.0,
             curriculum_start: 0,
             train_min_len: 0,
+            skewed_rows: 0.0,
         },
         model: ModelSize {
             d_model: 8,
@@ -181,6 +182,7 @@ fn gated_config(steps: u64) -> RunConfig {
         curriculum_gate: GATE,
         curriculum_start: 0,
         train_min_len: 0,
+        skewed_rows: 0.0,
     };
     cfg
 }
@@ -304,6 +306,7 @@ fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
         curriculum_gate: 0.0,
         curriculum_start: 0,
         train_min_len: 0,
+        skewed_rows: 0.0,
     };
     refused(typed, Setting::TrainLen);
     let mut typed = run_config(4);

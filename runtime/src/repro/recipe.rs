@@ -105,6 +105,9 @@ pub struct Recipe {
     pub ema: Option<f64>,
     /// AdamW's denominator epsilon (`stepgraph train --adam-eps`).
     pub adam_eps: f64,
+    /// Fraction of training rows with skewed symbol frequencies
+    /// (`stepgraph train --skewed-rows`).
+    pub skewed_rows: f64,
 }
 
 /// The scan's chunk length for a table in `precision`: the same math at
@@ -170,6 +173,7 @@ fn arithmetic(task: Task) -> Recipe {
         },
         ema: Some(0.999),
         adam_eps: DEFAULT_ADAM_EPS,
+        skewed_rows: 0.0,
     }
 }
 
@@ -199,6 +203,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             dt_init: DtInit::default(),
             ema: None,
             adam_eps: DEFAULT_ADAM_EPS,
+            skewed_rows: 0.0,
         },
         // 80 operands: rows of 2 * 80 + 1 = 161 tokens; 128: 257.
         Task::ModarithPrec | Task::Modarith => Recipe {
@@ -278,6 +283,10 @@ pub struct Overrides {
     /// written before it.
     #[serde(default)]
     pub adam_eps: Option<f64>,
+    /// The fraction of skewed training rows (`--skewed-rows`). Absent from
+    /// tables written before it.
+    #[serde(default)]
+    pub skewed_rows: Option<f64>,
 }
 
 impl Overrides {
@@ -310,6 +319,7 @@ impl Overrides {
             train_min_len: self.train_min_len.unwrap_or(r.train_min_len),
             curriculum_start: self.curriculum_start.unwrap_or(r.curriculum_start),
             adam_eps: self.adam_eps.unwrap_or(r.adam_eps),
+            skewed_rows: self.skewed_rows.unwrap_or(r.skewed_rows),
             ..r
         }
     }
@@ -352,6 +362,7 @@ impl Recipe {
                 curriculum_gate: self.curriculum_gate,
                 curriculum_start: self.curriculum_start,
                 train_min_len: self.train_min_len,
+                skewed_rows: self.skewed_rows,
             },
             model: ModelSize {
                 d_model: self.d_model,
@@ -467,6 +478,7 @@ mod tests {
             curriculum_start: Some(20),
             adam_eps: Some(1e-5),
             min_lr: Some(1e-4),
+            skewed_rows: Some(0.5),
         };
         let r = o.apply(base.clone());
         assert_eq!((base.min_lr, r.min_lr), (1e-5, 1e-4));
@@ -488,6 +500,7 @@ mod tests {
         );
         assert_eq!(r.curriculum_gate, 0.5);
         assert_eq!((base.train_min_len, r.train_min_len), (0, 80));
+        assert_eq!((base.skewed_rows, r.skewed_rows), (0.0, 0.5));
         assert_eq!((base.curriculum_start, r.curriculum_start), (0, 20));
         assert_eq!((r.dt_init.min, r.dt_init.max), (0.01, 0.2));
         assert_eq!((base.dt_init.min, base.dt_init.max), (0.01, 0.1));
@@ -511,10 +524,11 @@ mod tests {
                     DataSpec::Task {
                         train_min_len: 80,
                         curriculum_start: 20,
+                        skewed_rows: 0.5,
                         ..
                     }
                 ),
-                "the run takes the floor and the start"
+                "the run takes the floor, the start and the skewed rows"
             );
             model_config(run.model, vocab_of(&run.data)).unwrap();
         }

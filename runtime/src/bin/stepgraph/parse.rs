@@ -53,6 +53,16 @@ pub fn non_negative(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A fraction from 0 to 1, both included.
+pub fn fraction(s: &str) -> Result<f64, String> {
+    let v = float(s)?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err("must lie between 0 and 1".into())
+    }
+}
+
 /// A fraction strictly between 0 and 1.
 pub fn open_fraction(s: &str) -> Result<f64, String> {
     let v = float(s)?;

@@ -127,6 +127,10 @@ struct StArgs {
     /// (`stepgraph train --adam-eps`).
     #[arg(long, value_parser = positive, allow_negative_numbers = true)]
     adam_eps: Option<f64>,
+    /// The fraction of every run's training rows drawn with skewed symbol
+    /// frequencies, in 0..=1 (`stepgraph train --skewed-rows`).
+    #[arg(long, value_parser = crate::parse::fraction, allow_negative_numbers = true)]
+    skewed_rows: Option<f64>,
     /// Instead of training, merge the output directories of several parts
     /// (comma-separated) into one table in --out.
     #[arg(
@@ -136,6 +140,7 @@ struct StArgs {
             "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "min_lr", "d_model", "headdim",
             "curriculum_gate", "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps",
+            "skewed_rows",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -149,7 +154,8 @@ struct StArgs {
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
             "steps", "curriculum", "batch", "lr", "min_lr", "d_model", "headdim", "curriculum_gate",
-            "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps", "merge", "out",
+            "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps", "skewed_rows",
+            "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -208,6 +214,7 @@ fn options(a: &StArgs) -> ReproOptions {
             train_min_len: a.train_min_len,
             curriculum_start: a.curriculum_start,
             adam_eps: a.adam_eps,
+            skewed_rows: a.skewed_rows,
         },
     }
 }

@@ -64,6 +64,15 @@ pub struct Args {
     /// long-range structure (0: the task's smallest).
     #[arg(long, default_value_t = 0, conflicts_with = "data")]
     train_min_len: usize,
+    /// Once the curriculum has reached --train-len, draw this fraction of
+    /// the training rows with skewed symbol frequencies: per row, the
+    /// shares of each value (bit, operand) and operator are drawn from a
+    /// flat Dirichlet instead of being equal, so a row can hold almost only
+    /// one value and an angle that is a little off shows at the training
+    /// size. Evaluation rows stay uniform (0: every row uniform, as the
+    /// tasks are published).
+    #[arg(long, default_value_t = 0.0, value_parser = crate::parse::fraction, conflicts_with = "data")]
+    skewed_rows: f64,
     /// Train on this file instead of a task.
     #[arg(long)]
     data: Option<PathBuf>,
@@ -335,6 +344,7 @@ fn run_config(a: &Args) -> RunConfig {
             curriculum_gate: a.curriculum_gate,
             curriculum_start: a.curriculum_start,
             train_min_len: a.train_min_len,
+            skewed_rows: a.skewed_rows,
         },
     };
     RunConfig {

@@ -428,7 +428,24 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
             curriculum_gate,
             curriculum_start,
             train_min_len,
+            skewed_rows,
         } => {
+            if !(0.0..=1.0).contains(skewed_rows) {
+                return Err(invalid(
+                    "--skewed-rows",
+                    format!("is a fraction of the training rows, in 0..=1; got {skewed_rows}"),
+                ));
+            }
+            if *skewed_rows > 0.0 && !task.skewable() {
+                return Err(invalid(
+                    "--skewed-rows",
+                    format!(
+                        "skews the values and operators of a state-tracking row (parity, \
+                         modarith, modarith-prec, modarith-brackets); {} has none",
+                        task.name()
+                    ),
+                ));
+            }
             if *curriculum_start > 0 && *curriculum == 0 {
                 return Err(invalid(
                     "--curriculum-start",
@@ -700,6 +717,7 @@ mod tests {
                 curriculum_gate: 0.0,
                 curriculum_start: 0,
                 train_min_len: 0,
+                skewed_rows: 0.0,
             },
             model: super::ModelSize {
                 d_model: 8,

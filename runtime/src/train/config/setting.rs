@@ -19,6 +19,7 @@ pub enum Setting {
     CurriculumGate,
     CurriculumStart,
     TrainMinLen,
+    SkewedRows,
     Data,
     DataFormat,
     VocabSize,
@@ -74,7 +75,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 41] = [
+    pub const ALL: [Setting; 42] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -82,6 +83,7 @@ impl Setting {
         Self::CurriculumGate,
         Self::CurriculumStart,
         Self::TrainMinLen,
+        Self::SkewedRows,
         Self::Data,
         Self::DataFormat,
         Self::VocabSize,
@@ -128,6 +130,7 @@ impl Setting {
             Self::CurriculumGate => "--curriculum-gate",
             Self::CurriculumStart => "--curriculum-start",
             Self::TrainMinLen => "--train-min-len",
+            Self::SkewedRows => "--skewed-rows",
             Self::Data => "--data",
             Self::DataFormat => "--data-format",
             Self::VocabSize => "--vocab-size",
@@ -216,6 +219,9 @@ impl Setting {
             (Self::TrainMinLen, DataSpec::Task { train_min_len, .. }) => {
                 with(train_min_len.to_string())
             }
+            (Self::SkewedRows, DataSpec::Task { skewed_rows, .. }) => {
+                with(skewed_rows.to_string())
+            }
             (Self::Data, DataSpec::File { path, .. }) => with(path.display().to_string()),
             (Self::DataFormat, DataSpec::File { format, .. }) => with(format.name().into()),
             (Self::VocabSize, DataSpec::File { vocab_size, .. }) => {
@@ -232,7 +238,8 @@ impl Setting {
                 | Self::Curriculum
                 | Self::CurriculumGate
                 | Self::CurriculumStart
-                | Self::TrainMinLen,
+                | Self::TrainMinLen
+                | Self::SkewedRows,
                 DataSpec::File { .. },
             )
             | (

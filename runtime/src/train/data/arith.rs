@@ -24,6 +24,8 @@
 use rand::Rng;
 use rand_chacha::ChaCha20Rng;
 
+use super::skew::Symbols;
+
 /// The modulus of both tasks.
 pub const MODULUS: u32 = 5;
 
@@ -46,14 +48,19 @@ pub const BRACKETS_EQ: u32 = 10;
 /// `n` operands joined by `n - 1` random operators (`2n - 1` tokens) and
 /// the expression's value under the usual precedence, modulo 5.
 pub fn precedence(n: usize, rng: &mut ChaCha20Rng) -> (Vec<u32>, u32) {
+    precedence_from(n, &Symbols::Uniform, rng)
+}
+
+/// [`precedence`] with the row's symbols drawn as `symbols` says.
+pub fn precedence_from(n: usize, symbols: &Symbols, rng: &mut ChaCha20Rng) -> (Vec<u32>, u32) {
     let mut tokens = Vec::with_capacity(2 * n);
-    let first: u32 = rng.random_range(0..MODULUS);
+    let first: u32 = symbols.value(MODULUS, rng);
     tokens.push(first);
     // sum of the finished terms, the term being multiplied, its sign
     let (mut sum, mut term, mut negative) = (0u32, first, false);
     for _ in 1..n {
-        let op: u32 = rng.random_range(PLUS..=TIMES);
-        let a: u32 = rng.random_range(0..MODULUS);
+        let op = symbols.operator(PLUS, rng);
+        let a = symbols.value(MODULUS, rng);
         tokens.extend([op, a]);
         if op == TIMES {
             term = term * a % MODULUS;
@@ -81,15 +88,21 @@ fn add_signed(sum: u32, term: u32, negative: bool) -> u32 {
 /// Recursion depth is at most `n / 4 + 1`; callers bound `n`
 /// (`Task::max_len`).
 pub fn brackets(n: usize, rng: &mut ChaCha20Rng) -> (Vec<u32>, u32) {
+    brackets_from(n, &Symbols::Uniform, rng)
+}
+
+/// [`brackets`] with the operands and binary operators drawn as `symbols`
+/// says (the tree's shape and the unary minus forms stay the grammar's).
+pub fn brackets_from(n: usize, symbols: &Symbols, rng: &mut ChaCha20Rng) -> (Vec<u32>, u32) {
     let mut tokens = Vec::with_capacity(n);
-    let value = bracketed(n.max(1), rng, &mut tokens);
+    let value = bracketed(n.max(1), symbols, rng, &mut tokens);
     (tokens, value)
 }
 
-fn bracketed(n: usize, rng: &mut ChaCha20Rng, out: &mut Vec<u32>) -> u32 {
+fn bracketed(n: usize, symbols: &Symbols, rng: &mut ChaCha20Rng, out: &mut Vec<u32>) -> u32 {
     let negate = |v: u32| (MODULUS - v) % MODULUS;
     if n < 5 {
-        let a: u32 = rng.random_range(0..MODULUS);
+        let a = symbols.value(MODULUS, rng);
         return match n {
             1 => {
                 out.push(a);
@@ -111,11 +124,11 @@ fn bracketed(n: usize, rng: &mut ChaCha20Rng, out: &mut Vec<u32>) -> u32 {
     }
     let left_len = rng.random_range(1..=n - 4);
     let right_len = n - 3 - left_len;
-    let op: u32 = rng.random_range(PLUS..=TIMES);
+    let op = symbols.operator(PLUS, rng);
     out.push(OPEN);
-    let left = bracketed(left_len, rng, out);
+    let left = bracketed(left_len, symbols, rng, out);
     out.push(op);
-    let right = bracketed(right_len, rng, out);
+    let right = bracketed(right_len, symbols, rng, out);
     out.push(CLOSE);
     match op {
         PLUS => (left + right) % MODULUS,

@@ -51,12 +51,18 @@ impl Curriculum {
         curriculum_max(self.first_largest(), self.train_len, self.steps, clock)
     }
 
+    /// Whether the largest size has reached the training size (at once
+    /// without a curriculum): what the floor and skewed rows wait for.
+    pub fn ended(&self, clock: u64) -> bool {
+        self.largest(clock) >= self.train_len
+    }
+
     /// The sizes drawn once the clock reads `clock`. The floor waits for
     /// the curriculum's end: short rows are what a run first learns from
     /// (tests/gpu/STATE-TRACKING.md, "Arithmetic at full length"; round 17).
     pub fn drawn(&self, clock: u64) -> RangeInclusive<usize> {
         let hi = self.largest(clock);
-        let lo = if hi >= self.train_len {
+        let lo = if self.ended(clock) {
             self.floor.max(self.smallest).min(hi)
         } else {
             self.smallest

@@ -13,6 +13,7 @@
 pub mod arith;
 mod curriculum;
 pub mod file;
+pub mod skew;
 pub mod tasks;
 
 use std::path::PathBuf;
@@ -139,6 +140,14 @@ pub enum DataSpec {
         /// product chains are rare in short rows).
         #[serde(default)]
         train_min_len: usize,
+        /// Fraction of training rows whose operand and operator frequencies
+        /// are drawn per row (`--skewed-rows`, [`skew`]; 0: every row
+        /// uniform, as published), once the curriculum has reached
+        /// `train_len` (rows before are uniform, as without it: skewed rows
+        /// from the first step kept a CPU parity run from learning its
+        /// training size). Evaluation rows are always uniform.
+        #[serde(default)]
+        skewed_rows: f64,
     },
     /// A token file.
     File {
@@ -167,11 +176,17 @@ impl DataSpec {
                 curriculum_gate,
                 curriculum_start,
                 train_min_len,
+                skewed_rows,
             } => format!(
-                "`task {}, train_len {train_len}{}, eval {}{}{}{}`",
+                "`task {}, train_len {train_len}{}{}, eval {}{}{}{}`",
                 task.name(),
                 if *train_min_len > 0 {
                     format!(", train_min_len {train_min_len}")
+                } else {
+                    String::new()
+                },
+                if *skewed_rows > 0.0 {
+                    format!(", skewed_rows {skewed_rows}")
                 } else {
                     String::new()
                 },
@@ -242,7 +257,11 @@ pub struct EvalSet {
 }
 
 enum Source {
-    Task { task: Task, sizes: Curriculum },
+    Task {
+        task: Task,
+        sizes: Curriculum,
+        skewed: f64,
+    },
     File { data: FileData, window: usize },
 }
 
@@ -279,6 +298,7 @@ impl Dataset {
                 curriculum_gate,
                 curriculum_start,
                 train_min_len,
+                skewed_rows,
             } => {
                 let mut eval_rng = ChaCha20Rng::seed_from_u64(seed);
                 eval_rng.set_stream(EVAL_STREAM);
@@ -296,6 +316,7 @@ impl Dataset {
                         start: *curriculum_start,
                         floor: *train_min_len,
                     },
+                    skewed: *skewed_rows,
                 };
                 (source, eval)
             }
@@ -338,7 +359,7 @@ impl Dataset {
     /// step sees one shape for the whole run.
     pub fn train_width(&self) -> usize {
         match &self.source {
-            Source::Task { task, sizes } => task.width(sizes.train_len),
+            Source::Task { task, sizes, .. } => task.width(sizes.train_len),
             Source::File { window, .. } => *window,
         }
     }
@@ -362,11 +383,20 @@ impl Dataset {
     /// A one-line description for the start of a run.
     pub fn describe(&self) -> String {
         match &self.source {
-            Source::Task { task, sizes } => format!(
-                "task {} (vocab {}), train sizes {}, eval sizes {}",
+            Source::Task {
+                task,
+                sizes,
+                skewed,
+            } => format!(
+                "task {} (vocab {}), train sizes {}{}, eval sizes {}",
                 task.name(),
                 task.vocab_size(),
                 sizes.describe(),
+                if *skewed > 0.0 {
+                    format!(", {skewed} of the rows skewed")
+                } else {
+                    String::new()
+                },
                 self.eval
                     .iter()
                     .filter_map(|e| e.length.map(|n| n.to_string()))
@@ -390,16 +420,28 @@ impl Dataset {
     pub fn next_batch(&mut self, rows: usize) -> Result<Batch, TrainError> {
         self.batches += 1;
         match &self.source {
-            Source::Task { task, sizes } => {
+            Source::Task {
+                task,
+                sizes,
+                skewed,
+            } => {
                 if sizes.advances(self.smoothed_loss) {
                     self.clock += 1;
                 }
                 let width = task.width(sizes.train_len);
                 let drawn = sizes.drawn(self.clock);
+                let skew = *skewed > 0.0 && sizes.ended(self.clock);
                 let examples: Vec<Example> = (0..rows)
                     .map(|_| {
                         let n = self.rng.random_range(drawn.clone());
-                        task.sample(n, false, &mut self.rng)
+                        // No draw without the option (older runs keep their
+                        // stream), none before the curriculum's end.
+                        if skew && self.rng.random::<f64>() < *skewed {
+                            let symbols = task.skewed_symbols(&mut self.rng);
+                            task.sample_from(n, false, &symbols, &mut self.rng)
+                        } else {
+                            task.sample(n, false, &mut self.rng)
+                        }
                     })
                     .collect();
                 Ok(Batch::from_examples(&examples, width, task.pad()))

@@ -57,6 +57,7 @@ use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 
 use super::arith;
+use super::skew::Symbols;
 
 /// One bucket of this many holds the eval split.
 pub const EVAL_BUCKETS: u64 = 8;
@@ -167,10 +168,31 @@ impl Task {
 
     /// Draws one instance of size `n` (clamped to the task's range).
     pub fn generate(self, n: usize, rng: &mut ChaCha20Rng) -> Example {
+        self.generate_from(n, &Symbols::Uniform, rng)
+    }
+
+    /// Whether `--skewed-rows` applies: the state-tracking tasks, whose
+    /// rows are strings of values and operators.
+    pub fn skewable(self) -> bool {
+        self.modulus().is_some()
+    }
+
+    /// The frequencies of a skewed row of this task (see [`super::skew`]);
+    /// uniform for a task without values to skew.
+    pub fn skewed_symbols(self, rng: &mut ChaCha20Rng) -> Symbols {
+        match self.modulus() {
+            Some(m) => Symbols::skewed(m, rng),
+            None => Symbols::Uniform,
+        }
+    }
+
+    /// [`Task::generate`] with a state-tracking row's values and operators
+    /// drawn as `symbols` says (the memory tasks ignore it).
+    pub fn generate_from(self, n: usize, symbols: &Symbols, rng: &mut ChaCha20Rng) -> Example {
         let n = n.clamp(self.min_len(), self.max_len());
         match self {
             Self::Parity => {
-                let mut tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..2)).collect();
+                let mut tokens: Vec<u32> = (0..n).map(|_| symbols.value(2, rng)).collect();
                 let y = tokens.iter().fold(0, |a, &b| a ^ b);
                 tokens.extend([2, y]);
                 Example {
@@ -180,11 +202,11 @@ impl Task {
             }
             Self::Modarith => {
                 let mut tokens = Vec::with_capacity(2 * n + 1);
-                let mut acc: u32 = rng.random_range(0..5);
+                let mut acc = symbols.value(5, rng);
                 tokens.push(acc);
                 for _ in 1..n {
-                    let op: u32 = rng.random_range(5..8);
-                    let a: u32 = rng.random_range(0..5);
+                    let op = symbols.operator(5, rng);
+                    let a = symbols.value(5, rng);
                     acc = match op {
                         5 => (acc + a) % 5,
                         6 => (acc + 5 - a) % 5,
@@ -199,7 +221,7 @@ impl Task {
                 }
             }
             Self::ModarithPrec => {
-                let (mut tokens, r) = arith::precedence(n, rng);
+                let (mut tokens, r) = arith::precedence_from(n, symbols, rng);
                 tokens.extend([arith::PRECEDENCE_EQ, r]);
                 Example {
                     tokens,
@@ -207,7 +229,7 @@ impl Task {
                 }
             }
             Self::ModarithBrackets => {
-                let (mut tokens, r) = arith::brackets(n, rng);
+                let (mut tokens, r) = arith::brackets_from(n, symbols, rng);
                 tokens.extend([arith::BRACKETS_EQ, r]);
                 Example {
                     tokens,
@@ -270,12 +292,23 @@ impl Task {
     /// Draws an instance of size `n` from one split (`eval` or train),
     /// rejecting the other split's instances (see the module docs).
     pub fn sample(self, n: usize, eval: bool, rng: &mut ChaCha20Rng) -> Example {
-        let mut ex = self.generate(n, rng);
+        self.sample_from(n, eval, &Symbols::Uniform, rng)
+    }
+
+    /// [`Task::sample`] with the row's symbols drawn as `symbols` says.
+    pub fn sample_from(
+        self,
+        n: usize,
+        eval: bool,
+        symbols: &Symbols,
+        rng: &mut ChaCha20Rng,
+    ) -> Example {
+        let mut ex = self.generate_from(n, symbols, rng);
         for _ in 1..MAX_TRIES {
             if is_eval_instance(&ex.tokens) == eval {
                 break;
             }
-            ex = self.generate(n, rng);
+            ex = self.generate_from(n, symbols, rng);
         }
         ex
     }
