@@ -219,9 +219,7 @@ impl Setting {
             (Self::TrainMinLen, DataSpec::Task { train_min_len, .. }) => {
                 with(train_min_len.to_string())
             }
-            (Self::SkewedRows, DataSpec::Task { skewed_rows, .. }) => {
-                with(skewed_rows.to_string())
-            }
+            (Self::SkewedRows, DataSpec::Task { skewed_rows, .. }) => with(skewed_rows.to_string()),
             (Self::Data, DataSpec::File { path, .. }) => with(path.display().to_string()),
             (Self::DataFormat, DataSpec::File { format, .. }) => with(format.name().into()),
             (Self::VocabSize, DataSpec::File { vocab_size, .. }) => {

@@ -138,6 +138,7 @@ mod tests {
             curriculum_gate,
             curriculum_start,
             train_min_len,
+            skewed_rows: 0.0,
         };
         Dataset::new(&spec, seed, batch).unwrap()
     }

@@ -262,7 +262,10 @@ enum Source {
         sizes: Curriculum,
         skewed: f64,
     },
-    File { data: FileData, window: usize },
+    File {
+        data: FileData,
+        window: usize,
+    },
 }
 
 /// Training batches and eval sets for one run.
