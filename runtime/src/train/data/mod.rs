@@ -1,7 +1,8 @@
 //! Training data: synthetic tasks ([`tasks`], the arithmetic generators in
 //! [`arith`]) and token files ([`file`](mod@file)),
 //! behind one [`Dataset`] that hands out training batches and fixed eval sets;
-//! a task's training sizes follow its curriculum (`curriculum`).
+//! a task's training sizes follow its curriculum (`curriculum`), and its
+//! training rows may draw skewed symbol frequencies ([`skew`]).
 //!
 //! Everything is deterministic from the seed. Training batches come from one
 //! ChaCha20 stream; its word position is the *data position* saved in
@@ -396,7 +397,7 @@ impl Dataset {
                 task.vocab_size(),
                 sizes.describe(),
                 if *skewed > 0.0 {
-                    format!(", {skewed} of the rows skewed")
+                    format!(", {skewed} of the rows skewed once the curriculum has ended")
                 } else {
                     String::new()
                 },
