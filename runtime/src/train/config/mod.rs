@@ -786,6 +786,37 @@ mod tests {
     }
 
     #[test]
+    fn runs_saved_before_skewed_rows_load_with_uniform_rows_and_bad_fractions_are_refused() {
+        use crate::train::data::{DataSpec, Task};
+        let with = |task, skewed_rows| super::RunConfig {
+            data: DataSpec::Task {
+                task,
+                train_len: 6,
+                eval_lens: vec![6],
+                curriculum: 0,
+                curriculum_gate: 0.0,
+                curriculum_start: 0,
+                train_min_len: 0,
+                skewed_rows,
+            },
+            ..a_run()
+        };
+        let mut json = serde_json::to_value(with(Task::Parity, 0.5)).unwrap();
+        json["data"]
+            .as_object_mut()
+            .unwrap()
+            .remove("skewed_rows")
+            .unwrap();
+        let old: super::RunConfig = serde_json::from_value(json).unwrap();
+        assert!(matches!(old.data, DataSpec::Task { skewed_rows, .. } if skewed_rows == 0.0));
+        super::validate(&with(Task::ModarithBrackets, 1.0)).unwrap();
+        for (task, bad) in [(Task::Parity, 1.5), (Task::Parity, -0.1), (Task::Copy, 0.5)] {
+            let err = super::validate(&with(task, bad)).unwrap_err().to_string();
+            assert!(err.contains("--skewed-rows"), "{task:?} {bad}: {err}");
+        }
+    }
+
+    #[test]
     fn adam_eps_must_be_finite_and_positive() {
         for bad in [0.0, -1e-8, f64::NAN, f64::INFINITY] {
             let run = super::RunConfig {
