@@ -48,7 +48,7 @@ fn problem_6_clap_names_the_argument_values_and_suggestions() {
         &["train", "--task", "sorting"],
         &[
             "invalid value 'sorting' for '--task <TASK>'",
-            "[possible values: parity, modarith, modarith-prec, modarith-brackets, copy, mqar]",
+            "[possible values: parity, modarith, modarith-prec, modarith-brackets, modarith-brackets-nomult, copy, mqar]",
         ],
     );
     usage(

@@ -1,5 +1,5 @@
-//! The paper's modular-arithmetic tasks (`modarith-prec`, `modarith-brackets`):
-//! formats, brackets balanced, every answer checked against an independent
+//! The paper's modular-arithmetic tasks (`modarith-prec`, `modarith-brackets`
+//! and its reading without `*`, `modarith-brackets-nomult`): formats, brackets balanced, every answer checked against an independent
 //! evaluator (a recursive-descent parser with the usual precedence, written
 //! here and sharing nothing with the generators), held-out sets disjoint
 //! from training, and the paper's scaled accuracy. Skewed training rows
@@ -141,8 +141,13 @@ fn modarith_prec_answers_follow_precedence() {
 
 #[test]
 fn modarith_brackets_are_balanced_and_answered_right() {
+    for task in [Task::ModarithBrackets, Task::ModarithBracketsNomult] {
+        brackets_are_balanced_and_answered_right(task);
+    }
+}
+
+fn brackets_are_balanced_and_answered_right(task: Task) {
     let mut r = rng(22);
-    let task = Task::ModarithBrackets;
     let mut depths = HashSet::new();
     for n in (1..=40).chain([159, 160, 255, 256]) {
         for _ in 0..30 {
@@ -167,11 +172,14 @@ fn modarith_brackets_are_balanced_and_answered_right() {
             assert_eq!(t[n], 10, "`=`");
             assert_eq!(Some(t[n + 1]), evaluate(expr), "{expr:?}");
             assert_eq!(ex.answers, vec![n]);
+            if task == Task::ModarithBracketsNomult {
+                assert!(!expr.contains(&TIMES), "no `*`: {expr:?}");
+            }
         }
     }
     assert!(
         depths.iter().any(|&d| d >= 8),
-        "deep nesting occurs: {depths:?}"
+        "{task:?}: deep nesting occurs: {depths:?}"
     );
     assert_eq!(task.pad(), 11);
     assert_eq!(task.vocab_size(), 12);
@@ -192,8 +200,50 @@ fn every_binary_operator_and_short_form_occurs() {
 }
 
 #[test]
+fn without_times_both_binary_operators_come_equally_often() {
+    let mut r = rng(24);
+    let (mut plus, mut minus) = (0usize, 0usize);
+    for _ in 0..400 {
+        let ex = Task::ModarithBracketsNomult.generate(60, &mut r);
+        // A binary operator follows an operand or a `)`; a unary `-`
+        // follows `(` or starts the row.
+        for w in ex.tokens[..60].windows(2) {
+            if w[0] < 5 || w[0] == CLOSE {
+                plus += usize::from(w[1] == PLUS);
+                minus += usize::from(w[1] == MINUS);
+            }
+        }
+    }
+    let f = share(plus, plus + minus);
+    assert!((0.45..0.55).contains(&f), "share of `+`: {f} ({plus}, {minus})");
+}
+
+#[test]
+fn without_times_the_answer_is_a_signed_sum_of_the_operands() {
+    // Each operand counts with the sign of the `-` around it: flipping one
+    // operand by 1 moves the answer by +-1, never by another amount, which
+    // a row with `*` does not promise.
+    let mut r = rng(25);
+    for _ in 0..200 {
+        let ex = Task::ModarithBracketsNomult.generate(40, &mut r);
+        let expr = &ex.tokens[..40];
+        let v = evaluate(expr).unwrap();
+        for (i, &t) in expr.iter().enumerate().filter(|&(_, &t)| t < 5) {
+            let mut e = expr.to_vec();
+            e[i] = (t + 1) % 5;
+            let w = evaluate(&e).unwrap();
+            assert!(w == (v + 1) % 5 || w == (v + 4) % 5, "{expr:?} at {i}");
+        }
+    }
+}
+
+#[test]
 fn held_out_sets_are_disjoint_from_training() {
-    for (task, train_len) in [(Task::ModarithPrec, 10), (Task::ModarithBrackets, 20)] {
+    for (task, train_len) in [
+        (Task::ModarithPrec, 10),
+        (Task::ModarithBrackets, 20),
+        (Task::ModarithBracketsNomult, 20),
+    ] {
         let spec = DataSpec::Task {
             task,
             train_len,
@@ -235,7 +285,12 @@ fn held_out_sets_are_disjoint_from_training() {
 
 #[test]
 fn scaled_accuracy_is_zero_at_chance_and_100_when_perfect() {
-    for task in [Task::Parity, Task::ModarithPrec, Task::ModarithBrackets] {
+    for task in [
+        Task::Parity,
+        Task::ModarithPrec,
+        Task::ModarithBrackets,
+        Task::ModarithBracketsNomult,
+    ] {
         assert!(task.scaled_accuracy(task.chance()).abs() < 1e-12);
         assert!((task.scaled_accuracy(1.0) - 1.0).abs() < 1e-12);
     }
@@ -266,6 +321,7 @@ fn the_new_tasks_parse_and_serialize_by_name() {
     for (name, task) in [
         ("modarith-prec", Task::ModarithPrec),
         ("modarith-brackets", Task::ModarithBrackets),
+        ("modarith-brackets-nomult", Task::ModarithBracketsNomult),
     ] {
         assert_eq!(name.parse::<Task>(), Ok(task));
         assert_eq!(task.name(), name);
@@ -306,11 +362,12 @@ fn share(part: usize, whole: usize) -> f64 {
     f(part) / f(whole)
 }
 
-const STATE_TRACKING: [Task; 4] = [
+const STATE_TRACKING: [Task; 5] = [
     Task::Parity,
     Task::Modarith,
     Task::ModarithPrec,
     Task::ModarithBrackets,
+    Task::ModarithBracketsNomult,
 ];
 
 #[test]
@@ -333,6 +390,9 @@ fn skewed_rows_are_answered_right_and_skewed() {
                     reference_answer(task, expr),
                     "{task:?}: {expr:?}"
                 );
+                if task == Task::ModarithBracketsNomult {
+                    assert!(!expr.contains(&TIMES), "skewed, still no `*`: {expr:?}");
+                }
                 let operands: Vec<u32> = expr.iter().copied().filter(|&x| x < values).collect();
                 if n == 160 {
                     let most = (0..values)

@@ -53,7 +53,7 @@ impl Selection {
         seeds.sort_unstable();
         seeds.dedup();
         Self {
-            tasks: recipe::TASKS
+            tasks: recipe::COLUMNS
                 .into_iter()
                 .filter(|&t| runs.iter().any(|r| r.job.task == t))
                 .collect(),

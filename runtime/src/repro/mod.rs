@@ -163,11 +163,12 @@ pub fn validate(o: &ReproOptions) -> Result<(), ReproError> {
     if o.tasks.is_empty() {
         return Err(invalid("--tasks", "name at least one task"));
     }
-    if let Some(t) = o.tasks.iter().find(|t| !recipe::TASKS.contains(t)) {
+    if let Some(t) = o.tasks.iter().find(|t| !recipe::COLUMNS.contains(t)) {
         return Err(invalid(
             "--tasks",
             format!(
-                "`{}` is not a column of the table (parity, modarith-prec, modarith-brackets)",
+                "`{}` is not a column of the table (parity, modarith-prec, modarith-brackets, \
+                 modarith-brackets-nomult)",
                 t.name()
             ),
         ));

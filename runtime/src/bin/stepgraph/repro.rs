@@ -67,7 +67,9 @@ struct StArgs {
     /// Smoke test: a few steps of tiny models on short instances.
     #[arg(long)]
     quick: bool,
-    /// Columns to run (comma-separated; default: all three).
+    /// Columns to run (comma-separated; default: the paper's three, parity,
+    /// modarith-prec and modarith-brackets; modarith-brackets-nomult is the
+    /// bracketed column without `*`).
     #[arg(long, value_enum, value_delimiter = ',')]
     tasks: Vec<TaskArg>,
     /// Rows to run (comma-separated; default: all three).
@@ -168,6 +170,7 @@ enum TaskArg {
     Parity,
     ModarithPrec,
     ModarithBrackets,
+    ModarithBracketsNomult,
 }
 
 fn options(a: &StArgs) -> ReproOptions {
@@ -191,6 +194,7 @@ fn options(a: &StArgs) -> ReproOptions {
                     TaskArg::Parity => Task::Parity,
                     TaskArg::ModarithPrec => Task::ModarithPrec,
                     TaskArg::ModarithBrackets => Task::ModarithBrackets,
+                    TaskArg::ModarithBracketsNomult => Task::ModarithBracketsNomult,
                 })
                 .collect()
         },

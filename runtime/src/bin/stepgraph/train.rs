@@ -225,6 +225,7 @@ enum TaskArg {
     Modarith,
     ModarithPrec,
     ModarithBrackets,
+    ModarithBracketsNomult,
     Copy,
     Mqar,
 }
@@ -302,6 +303,7 @@ fn task(t: TaskArg) -> Task {
         TaskArg::Modarith => Task::Modarith,
         TaskArg::ModarithPrec => Task::ModarithPrec,
         TaskArg::ModarithBrackets => Task::ModarithBrackets,
+        TaskArg::ModarithBracketsNomult => Task::ModarithBracketsNomult,
         TaskArg::Copy => Task::Copy,
         TaskArg::Mqar => Task::Mqar,
     }

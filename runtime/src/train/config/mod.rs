@@ -441,7 +441,7 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
                     "--skewed-rows",
                     format!(
                         "skews the values and operators of a state-tracking row (parity, \
-                         modarith, modarith-prec, modarith-brackets); {} has none",
+                         modarith, modarith-prec, modarith-brackets[-nomult]); {} has none",
                         task.name()
                     ),
                 ));

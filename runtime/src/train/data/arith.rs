@@ -17,6 +17,12 @@
 //!   matters; nesting does (a closing bracket must restore the enclosing
 //!   expression's partial value), which is what makes this the hardest
 //!   column of the paper's table.
+//! * [`brackets_without_times`] — the same grammar with `o` uniform over
+//!   `+ -` only (the generator's `mult=False`; whether the paper's column
+//!   used it is not stated, see the README). The value is then a signed sum
+//!   of the operands, each operand's sign the parity of the `-` that
+//!   enclose it: a linear function of the input, where with `*` a closing
+//!   bracket multiplies two values computed at different depths.
 //!
 //! Token ids are task-local: operands 0-4, then the operators, brackets,
 //! `=` and `PAD` (see [`super::tasks`] for each task's table).
@@ -88,18 +94,44 @@ fn add_signed(sum: u32, term: u32, negative: bool) -> u32 {
 /// Recursion depth is at most `n / 4 + 1`; callers bound `n`
 /// (`Task::max_len`).
 pub fn brackets(n: usize, rng: &mut ChaCha20Rng) -> (Vec<u32>, u32) {
-    brackets_from(n, &Symbols::Uniform, rng)
+    brackets_from(n, Ops::All, &Symbols::Uniform, rng)
 }
 
-/// [`brackets`] with the operands and binary operators drawn as `symbols`
-/// says (the tree's shape and the unary minus forms stay the grammar's).
-pub fn brackets_from(n: usize, symbols: &Symbols, rng: &mut ChaCha20Rng) -> (Vec<u32>, u32) {
+/// [`brackets`] with binary operators `+ -` only.
+pub fn brackets_without_times(n: usize, rng: &mut ChaCha20Rng) -> (Vec<u32>, u32) {
+    brackets_from(n, Ops::Additive, &Symbols::Uniform, rng)
+}
+
+/// The binary operators a bracketed expression draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ops {
+    /// `+ - *`.
+    All,
+    /// `+ -`.
+    Additive,
+}
+
+/// [`brackets`] (or [`brackets_without_times`]) with the operands and
+/// binary operators drawn as `symbols` says (the tree's shape and the
+/// unary minus forms stay the grammar's).
+pub fn brackets_from(
+    n: usize,
+    ops: Ops,
+    symbols: &Symbols,
+    rng: &mut ChaCha20Rng,
+) -> (Vec<u32>, u32) {
     let mut tokens = Vec::with_capacity(n);
-    let value = bracketed(n.max(1), symbols, rng, &mut tokens);
+    let value = bracketed(n.max(1), ops, symbols, rng, &mut tokens);
     (tokens, value)
 }
 
-fn bracketed(n: usize, symbols: &Symbols, rng: &mut ChaCha20Rng, out: &mut Vec<u32>) -> u32 {
+fn bracketed(
+    n: usize,
+    ops: Ops,
+    symbols: &Symbols,
+    rng: &mut ChaCha20Rng,
+    out: &mut Vec<u32>,
+) -> u32 {
     let negate = |v: u32| (MODULUS - v) % MODULUS;
     if n < 5 {
         let a = symbols.value(MODULUS, rng);
@@ -124,11 +156,14 @@ fn bracketed(n: usize, symbols: &Symbols, rng: &mut ChaCha20Rng, out: &mut Vec<u
     }
     let left_len = rng.random_range(1..=n - 4);
     let right_len = n - 3 - left_len;
-    let op = symbols.operator(PLUS, rng);
+    let op = match ops {
+        Ops::All => symbols.operator(PLUS, rng),
+        Ops::Additive => symbols.additive_operator(PLUS, rng),
+    };
     out.push(OPEN);
-    let left = bracketed(left_len, symbols, rng, out);
+    let left = bracketed(left_len, ops, symbols, rng, out);
     out.push(op);
-    let right = bracketed(right_len, symbols, rng, out);
+    let right = bracketed(right_len, ops, symbols, rng, out);
     out.push(CLOSE);
     match op {
         PLUS => (left + right) % MODULUS,
@@ -174,6 +209,7 @@ mod tests {
         let mut rng = ChaCha20Rng::seed_from_u64(7);
         for n in 1..200 {
             assert_eq!(brackets(n, &mut rng).0.len(), n);
+            assert_eq!(brackets_without_times(n, &mut rng).0.len(), n);
             assert_eq!(precedence(n, &mut rng).0.len(), 2 * n - 1);
         }
     }

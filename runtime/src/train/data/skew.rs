@@ -63,6 +63,20 @@ impl Symbols {
             Self::Skewed { operators, .. } => plus + pick(operators, rng),
         }
     }
+
+    /// One of the first two operators (`+ -`, from id `plus`), for a task
+    /// without `*`: uniform, or by the row's weights of those two.
+    pub fn additive_operator(&self, plus: u32, rng: &mut ChaCha20Rng) -> u32 {
+        match self {
+            Self::Uniform => rng.random_range(plus..=plus + 1),
+            Self::Skewed { operators, .. } => {
+                // `operators` is cumulative: the first two outcomes,
+                // renormalized, are a draw below the second's bound.
+                let u = rng.random::<f64>() * operators[1];
+                plus + u32::from(u >= operators[0])
+            }
+        }
+    }
 }
 
 /// Cumulative weights of a flat Dirichlet over `k` outcomes: normalized
@@ -122,6 +136,28 @@ mod tests {
         let least = shares.iter().copied().fold(1.0, f64::min);
         assert!(most > 0.8, "no row was dominated by one value: {most}");
         assert!(least < 0.35, "no row was near uniform: {least}");
+    }
+
+    #[test]
+    fn additive_operators_follow_the_rows_weights_of_plus_and_minus() {
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let mut shares = Vec::new();
+        for _ in 0..300 {
+            let s = Symbols::skewed(5, &mut rng);
+            let Symbols::Skewed { operators, .. } = &s else {
+                unreachable!("skewed() draws weights")
+            };
+            let expected = operators[0] / operators[1];
+            let plus = (0..400)
+                .map(|_| s.additive_operator(5, &mut rng))
+                .inspect(|op| assert!((5..7).contains(op)))
+                .filter(|&op| op == 5)
+                .count();
+            let got = f64::from(u32::try_from(plus).unwrap()) / 400.0;
+            assert!((got - expected).abs() < 0.1, "{got} against {expected}");
+            shares.push(got);
+        }
+        assert!(shares.iter().any(|&f| f > 0.9) && shares.iter().any(|&f| f < 0.1));
     }
 
     #[test]

@@ -34,6 +34,9 @@
 //!   `(` = 8, `)` = 9), then `[=]` = 10 and `r`; `PAD` = 11. The paper's
 //!   "arithmetic with brackets"; `n` counts expression tokens, not operands.
 //!   One answer at `[=]`. Row width `n + 2`.
+//! * **modarith-brackets-nomult** (vocab 12): the same grammar and tokens
+//!   with binary operators `+ -` only (`*`, id 7, never occurs): the
+//!   generator's `mult=False`, the other reading of the paper's column.
 //! * **copy** (selective copying, vocab 11): a region of `n` tokens holding
 //!   `K = 4` data tokens (ids 0-7) at random positions, the rest `BLANK` (8),
 //!   then `[SEP]` (9) and the `K` data tokens in order; `PAD` = 10. Answers:
@@ -84,6 +87,9 @@ pub enum Task {
     /// Arithmetic modulo 5 with brackets (the paper's).
     #[serde(rename = "modarith-brackets")]
     ModarithBrackets,
+    /// Arithmetic modulo 5 with brackets and `+ -` only.
+    #[serde(rename = "modarith-brackets-nomult")]
+    ModarithBracketsNomult,
     /// Selective copying of 4 data tokens scattered in blanks.
     Copy,
     /// Multi-query associative recall.
@@ -101,11 +107,12 @@ pub struct Example {
 
 impl Task {
     /// Every task, for help texts and tests.
-    pub const ALL: [Task; 6] = [
+    pub const ALL: [Task; 7] = [
         Task::Parity,
         Task::Modarith,
         Task::ModarithPrec,
         Task::ModarithBrackets,
+        Task::ModarithBracketsNomult,
         Task::Copy,
         Task::Mqar,
     ];
@@ -117,6 +124,7 @@ impl Task {
             Self::Modarith => "modarith",
             Self::ModarithPrec => "modarith-prec",
             Self::ModarithBrackets => "modarith-brackets",
+            Self::ModarithBracketsNomult => "modarith-brackets-nomult",
             Self::Copy => "copy",
             Self::Mqar => "mqar",
         }
@@ -132,7 +140,7 @@ impl Task {
         match self {
             Self::Parity => 3,
             Self::Modarith | Self::ModarithPrec => 9,
-            Self::ModarithBrackets => 11,
+            Self::ModarithBrackets | Self::ModarithBracketsNomult => 11,
             Self::Copy => 10,
             Self::Mqar => 2 * MQAR_KEYS,
         }
@@ -151,7 +159,7 @@ impl Task {
     pub fn max_len(self) -> usize {
         match self {
             Self::Mqar => usize::try_from(MQAR_KEYS).unwrap_or(usize::MAX),
-            Self::ModarithBrackets => BRACKETS_MAX_LEN,
+            Self::ModarithBrackets | Self::ModarithBracketsNomult => BRACKETS_MAX_LEN,
             _ => 1 << 20,
         }
     }
@@ -159,7 +167,7 @@ impl Task {
     /// Row width (tokens, i.e. `T + 1`) of an instance of size `n`.
     pub fn width(self, n: usize) -> usize {
         match self {
-            Self::Parity | Self::ModarithBrackets => n + 2,
+            Self::Parity | Self::ModarithBrackets | Self::ModarithBracketsNomult => n + 2,
             Self::Modarith | Self::ModarithPrec => 2 * n + 1,
             Self::Copy => n + 1 + COPY_K,
             Self::Mqar => 4 * n,
@@ -228,8 +236,13 @@ impl Task {
                     answers: vec![2 * n - 1],
                 }
             }
-            Self::ModarithBrackets => {
-                let (mut tokens, r) = arith::brackets_from(n, symbols, rng);
+            Self::ModarithBrackets | Self::ModarithBracketsNomult => {
+                let ops = if self == Self::ModarithBrackets {
+                    arith::Ops::All
+                } else {
+                    arith::Ops::Additive
+                };
+                let (mut tokens, r) = arith::brackets_from(n, ops, symbols, rng);
                 tokens.extend([arith::BRACKETS_EQ, r]);
                 Example {
                     tokens,
@@ -318,7 +331,10 @@ impl Task {
     pub fn modulus(self) -> Option<u32> {
         match self {
             Self::Parity => Some(2),
-            Self::Modarith | Self::ModarithPrec | Self::ModarithBrackets => Some(arith::MODULUS),
+            Self::Modarith
+            | Self::ModarithPrec
+            | Self::ModarithBrackets
+            | Self::ModarithBracketsNomult => Some(arith::MODULUS),
             Self::Copy | Self::Mqar => None,
         }
     }
@@ -326,12 +342,15 @@ impl Task {
     /// The lattices of rotation steps an exact solution turns by, as
     /// moduli `m` of `(2 pi / m) Z`: the task's modulus first, then for the
     /// arithmetic 4, the order of the units of Z5 (a product of nonzero
-    /// operands is tracked as a sum of discrete logarithms to base 2).
-    /// Empty for the memory tasks.
+    /// operands is tracked as a sum of discrete logarithms to base 2), or 2
+    /// for the bracketed sums without `*` (an operand's sign). Empty for the
+    /// memory tasks.
     pub fn lattices(self) -> &'static [u32] {
         match self {
             Self::Parity => &[2],
             Self::Modarith | Self::ModarithPrec | Self::ModarithBrackets => &[arith::MODULUS, 4],
+            // No products: the sum's steps, and the sign a `-` flips.
+            Self::ModarithBracketsNomult => &[arith::MODULUS, 2],
             Self::Copy | Self::Mqar => &[],
         }
     }
@@ -348,7 +367,10 @@ impl Task {
     pub fn chance(self) -> f64 {
         match self {
             Self::Parity => 0.5,
-            Self::Modarith | Self::ModarithPrec | Self::ModarithBrackets => 0.2,
+            Self::Modarith
+            | Self::ModarithPrec
+            | Self::ModarithBrackets
+            | Self::ModarithBracketsNomult => 0.2,
             Self::Copy => 1.0 / f64::from(COPY_ALPHABET),
             Self::Mqar => 1.0 / f64::from(MQAR_KEYS),
         }
@@ -364,7 +386,7 @@ impl std::str::FromStr for Task {
             .ok_or_else(|| {
                 format!(
                     "unknown task `{s}` (expected parity, modarith, modarith-prec, \
-                     modarith-brackets, copy or mqar)"
+                     modarith-brackets, modarith-brackets-nomult, copy or mqar)"
                 )
             })
     }
