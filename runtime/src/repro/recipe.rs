@@ -21,7 +21,8 @@ use crate::train::{
 /// The table's three columns, in the paper's order (the default `--tasks`).
 pub const TASKS: [Task; 3] = [Task::Parity, Task::ModarithPrec, Task::ModarithBrackets];
 
-/// Every column a table may hold, in the order it prints them: the paper's
+/// Every column a table may hold (a merged table prints them in this
+/// order; a run prints them in `--tasks` order): the paper's
 /// three and the bracketed column without `*` (`modarith-brackets-nomult`),
 /// the other reading of the paper's "with brackets" (README, "The tasks").
 pub const COLUMNS: [Task; 4] = [
