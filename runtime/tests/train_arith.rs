@@ -215,7 +215,10 @@ fn without_times_both_binary_operators_come_equally_often() {
         }
     }
     let f = share(plus, plus + minus);
-    assert!((0.45..0.55).contains(&f), "share of `+`: {f} ({plus}, {minus})");
+    assert!(
+        (0.45..0.55).contains(&f),
+        "share of `+`: {f} ({plus}, {minus})"
+    );
 }
 
 #[test]
