@@ -25,19 +25,20 @@
 //! non-zero (one zero-free product of SIZE factors); accuracy that falls
 //! with SIZE in one of them locates the inexact rotation.
 
-use std::collections::BTreeMap;
 use std::error::Error;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use stepgraph::mamba3::checkpoint;
-use stepgraph::mamba3::cpu::{ScanMode, Tokens, forward};
+use stepgraph::train::data::Task;
 use stepgraph::train::data::arith::{MINUS, MODULUS, PLUS, TIMES, longest_unit_term};
-use stepgraph::train::data::{Batch, Task};
+
+#[path = "support/score.rs"]
+mod score;
+use score::{fraction, positive};
 
 /// Terms of this many operands and more share the last bucket.
 const LONG: usize = 6;
@@ -63,21 +64,14 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let Some(args) = parse(std::env::args().skip(1).collect()) else {
-        eprintln!("usage: arith_terms CHECKPOINT SIZE>=1[-MAX] [ROWS>=1] [SEED] [sums|products]");
-        return ExitCode::from(2);
-    };
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    score::main(
+        "arith_terms CHECKPOINT SIZE>=1[-MAX] [ROWS>=1] [SEED] [sums|products]",
+        parse,
+        run,
+    )
 }
 
 fn parse(v: Vec<String>) -> Option<Args> {
-    let positive = |s: &str| s.parse::<usize>().ok().filter(|&n| n >= 1);
     if !(2..=5).contains(&v.len()) {
         return None;
     }
@@ -120,29 +114,17 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             ex
         })
         .collect();
-    // The rows as training lays them out; an id the checkpoint's vocabulary
-    // lacks (a checkpoint of another task) is refused by `Tokens`.
-    let batch = Batch::from_examples(&examples, task.width(args.max), task.pad());
-    let ids: Vec<i64> = batch.tokens.iter().map(|&t| i64::from(t)).collect();
-    let tokens = Tokens::from_rows(&ids, batch.rows, batch.width, cfg.vocab_size)?;
-    let out = forward(&cfg, &weights, &tokens, None, ScanMode::Recurrent)?;
-    let (len, width) = (tokens.len(), cfg.padded_vocab_size());
-    let classes = usize::try_from(MODULUS)?;
-    // bucket -> (right, instances)
-    let mut buckets = BTreeMap::<usize, (usize, usize)>::new();
-    for (row, ex) in examples.iter().enumerate() {
-        let p = ex.answers[0];
-        let at = (row * len + p) * width;
-        let logits = &out.logits[at..at + classes];
-        let predicted =
-            (0..classes).fold(0, |best, c| if logits[c] > logits[best] { c } else { best });
-        let right = usize::try_from(ex.tokens[p + 1])? == predicted;
-        let slot = buckets
-            .entry(longest_unit_term(&ex.tokens[..p]).min(LONG))
-            .or_default();
-        slot.0 += usize::from(right);
-        slot.1 += 1;
-    }
+    let right = score::right_answers(
+        &cfg,
+        &weights,
+        task,
+        &examples,
+        task.width(args.max),
+        usize::try_from(MODULUS)?,
+    )?;
+    let buckets = score::buckets(&examples, &right, LONG, |ex| {
+        longest_unit_term(&ex.tokens[..ex.answers[0]])
+    });
     let right: usize = buckets.values().map(|b| b.0).sum();
     let acc = fraction(right, args.rows);
     let mut report = format!(
@@ -162,27 +144,13 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         100.0 * task.scaled_accuracy(acc)
     );
     writeln!(report)?;
-    writeln!(
-        report,
-        "longest zero-free product term (operands) | rows | accuracy"
+    score::write_buckets(
+        &mut report,
+        "longest zero-free product term (operands)",
+        &buckets,
+        LONG,
     )?;
-    for (k, (r, n)) in &buckets {
-        let label = if *k == LONG {
-            format!("{LONG}+")
-        } else {
-            k.to_string()
-        };
-        writeln!(
-            report,
-            "{label:>3} | {n:>5} | {:5.1}%",
-            100.0 * fraction(*r, *n)
-        )?;
-    }
-    // A reader that stops early (`| head -1`) is not an error of the scoring.
-    match std::io::stdout().write_all(report.as_bytes()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other?),
-    }
+    score::print(&report)
 }
 
 /// Rewrites the expression `tokens[..eq]` (then its answer after `=`) into
@@ -210,10 +178,4 @@ fn restrict(tokens: &mut [u32], eq: usize, kind: Rows, rng: &mut ChaCha20Rng) {
         };
     }
     tokens[eq + 1] = value;
-}
-
-/// `part / whole` for counts (the rows here are far below 2^32).
-fn fraction(part: usize, whole: usize) -> f64 {
-    let f = |n: usize| f64::from(u32::try_from(n).unwrap_or(u32::MAX));
-    f(part) / f(whole)
 }

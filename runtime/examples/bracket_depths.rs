@@ -18,19 +18,19 @@
 //! 256); ROWS (default 512) instances are drawn from the held-out split
 //! with SEED (default 1).
 
-use std::collections::BTreeMap;
 use std::error::Error;
-use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use stepgraph::mamba3::checkpoint;
-use stepgraph::mamba3::cpu::{ScanMode, Tokens, forward};
+use stepgraph::train::data::Task;
 use stepgraph::train::data::arith::{CLOSE, MODULUS, OPEN};
-use stepgraph::train::data::{Batch, Task};
+
+#[path = "support/score.rs"]
+mod score;
+use score::{fraction, positive};
 
 /// Rows this deep and deeper share the last bucket.
 const DEEP: usize = 16;
@@ -44,21 +44,14 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let Some(args) = parse(std::env::args().skip(1).collect()) else {
-        eprintln!("usage: bracket_depths CHECKPOINT nomult|times SIZE>=1 [ROWS>=1] [SEED]");
-        return ExitCode::from(2);
-    };
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    score::main(
+        "bracket_depths CHECKPOINT nomult|times SIZE>=1 [ROWS>=1] [SEED]",
+        parse,
+        run,
+    )
 }
 
 fn parse(v: Vec<String>) -> Option<Args> {
-    let positive = |s: &str| s.parse::<usize>().ok().filter(|&n| n >= 1);
     if !(3..=5).contains(&v.len()) {
         return None;
     }
@@ -82,27 +75,17 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let examples: Vec<_> = (0..args.rows)
         .map(|_| task.sample(args.size, true, &mut rng))
         .collect();
-    let batch = Batch::from_examples(&examples, task.width(args.size), task.pad());
-    let ids: Vec<i64> = batch.tokens.iter().map(|&t| i64::from(t)).collect();
-    let tokens = Tokens::from_rows(&ids, batch.rows, batch.width, cfg.vocab_size)?;
-    let out = forward(&cfg, &weights, &tokens, None, ScanMode::Recurrent)?;
-    let (len, width) = (tokens.len(), cfg.padded_vocab_size());
-    let classes = usize::try_from(MODULUS)?;
-    // deepest nesting -> (right, instances)
-    let mut buckets = BTreeMap::<usize, (usize, usize)>::new();
-    for (row, ex) in examples.iter().enumerate() {
-        let p = ex.answers[0];
-        let at = (row * len + p) * width;
-        let logits = &out.logits[at..at + classes];
-        let predicted =
-            (0..classes).fold(0, |best, c| if logits[c] > logits[best] { c } else { best });
-        let right = usize::try_from(ex.tokens[p + 1])? == predicted;
-        let slot = buckets
-            .entry(deepest(&ex.tokens[..p]).min(DEEP))
-            .or_default();
-        slot.0 += usize::from(right);
-        slot.1 += 1;
-    }
+    let right = score::right_answers(
+        &cfg,
+        &weights,
+        task,
+        &examples,
+        task.width(args.size),
+        usize::try_from(MODULUS)?,
+    )?;
+    let buckets = score::buckets(&examples, &right, DEEP, |ex| {
+        deepest(&ex.tokens[..ex.answers[0]])
+    });
     let right: usize = buckets.values().map(|b| b.0).sum();
     let acc = fraction(right, args.rows);
     let mut report = format!(
@@ -113,24 +96,8 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         100.0 * acc,
         100.0 * task.scaled_accuracy(acc)
     );
-    writeln!(report, "deepest nesting | rows | accuracy")?;
-    for (d, (r, n)) in &buckets {
-        let label = if *d == DEEP {
-            format!("{DEEP}+")
-        } else {
-            d.to_string()
-        };
-        writeln!(
-            report,
-            "{label:>3} | {n:>5} | {:5.1}%",
-            100.0 * fraction(*r, *n)
-        )?;
-    }
-    // A reader that stops early (`| head -1`) is not an error of the scoring.
-    match std::io::stdout().write_all(report.as_bytes()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other?),
-    }
+    score::write_buckets(&mut report, "deepest nesting", &buckets, DEEP)?;
+    score::print(&report)
 }
 
 /// The most brackets open at once in an expression.
@@ -145,10 +112,4 @@ fn deepest(expr: &[u32]) -> usize {
         }
     }
     most
-}
-
-/// `part / whole` for counts (the rows here are far below 2^32).
-fn fraction(part: usize, whole: usize) -> f64 {
-    let f = |n: usize| f64::from(u32::try_from(n).unwrap_or(u32::MAX));
-    f(part) / f(whole)
 }
