@@ -11,12 +11,15 @@
 //! checkpoints this way).
 //!
 //! ```sh
-//! cargo run --release --example bracket_depths -- CHECKPOINT nomult|times SIZE [ROWS] [SEED]
+//! cargo run --release --example bracket_depths -- CHECKPOINT nomult|times SIZE [ROWS] [SEED] [skewed]
 //! ```
 //!
 //! SIZE counts expression tokens (the recipe trains on 160 and reports
 //! 256); ROWS (default 512) instances are drawn from the held-out split
-//! with SEED (default 1).
+//! with SEED (default 1). `skewed` draws each row's operand and operator
+//! frequencies as `--skewed-rows` draws a skewed training row's: a model
+//! whose sum step is off shows it on such rows at the training size, where
+//! the skewed rows would train it.
 
 use std::error::Error;
 use std::path::PathBuf;
@@ -41,18 +44,19 @@ struct Args {
     size: usize,
     rows: usize,
     seed: u64,
+    skewed: bool,
 }
 
 fn main() -> ExitCode {
     score::main(
-        "bracket_depths CHECKPOINT nomult|times SIZE>=1 [ROWS>=1] [SEED]",
+        "bracket_depths CHECKPOINT nomult|times SIZE>=1 [ROWS>=1] [SEED] [skewed]",
         parse,
         run,
     )
 }
 
 fn parse(v: Vec<String>) -> Option<Args> {
-    if !(3..=5).contains(&v.len()) {
+    if !(3..=6).contains(&v.len()) {
         return None;
     }
     Some(Args {
@@ -65,6 +69,11 @@ fn parse(v: Vec<String>) -> Option<Args> {
         size: positive(&v[2])?,
         rows: v.get(3).map_or(Some(512), |s| positive(s))?,
         seed: v.get(4).map_or(Some(1), |s| s.parse().ok())?,
+        skewed: match v.get(5).map(String::as_str) {
+            None => false,
+            Some("skewed") => true,
+            Some(_) => return None,
+        },
     })
 }
 
@@ -73,7 +82,14 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let task = args.task;
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
     let examples: Vec<_> = (0..args.rows)
-        .map(|_| task.sample(args.size, true, &mut rng))
+        .map(|_| {
+            if args.skewed {
+                let symbols = task.skewed_symbols(&mut rng);
+                task.sample_from(args.size, true, &symbols, &mut rng)
+            } else {
+                task.sample(args.size, true, &mut rng)
+            }
+        })
         .collect();
     let right = score::right_answers(
         &cfg,
@@ -89,9 +105,10 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let right: usize = buckets.values().map(|b| b.0).sum();
     let acc = fraction(right, args.rows);
     let mut report = format!(
-        "{} tokens, {} held-out rows of {}: accuracy {:.1}% ({:.1} scaled)\n",
+        "{} tokens, {} held-out{} rows of {}: accuracy {:.1}% ({:.1} scaled)\n",
         args.size,
         args.rows,
+        if args.skewed { " skewed" } else { "" },
         task.name(),
         100.0 * acc,
         100.0 * task.scaled_accuracy(acc)
