@@ -110,6 +110,45 @@ fn the_quick_table_runs_end_to_end_on_the_cpu() {
     assert!(cells[13].parse::<usize>().is_ok(), "{line}");
 }
 
+#[test]
+fn the_bracketed_column_without_times_runs_beside_the_papers_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = stepgraph(
+        &[
+            "repro",
+            "state-tracking",
+            "--quick",
+            "--device",
+            "cpu",
+            "--seeds",
+            "1",
+            "--tasks",
+            "modarith-brackets,modarith-brackets-nomult",
+            "--rotations",
+            "data",
+            "--out",
+            "table",
+        ],
+        dir.path(),
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("| model | Arith w/ brackets | Arith w/ brackets, + - only |"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("(paper 87.75)").count(), 2, "{stdout}");
+    let t = dir.path().join("table");
+    for f in [
+        "accuracy-modarith-brackets-nomult.svg",
+        "runs/modarith-brackets-nomult-data-s0/metrics.jsonl",
+    ] {
+        assert!(t.join(f).is_file(), "{f} missing");
+    }
+    let md = std::fs::read_to_string(t.join("table.md")).unwrap();
+    assert!(md.contains("--task modarith-brackets-nomult"), "{md}");
+}
+
 fn usage(args: &[&str], needle: &str) {
     let dir = tempfile::tempdir().unwrap();
     let out = stepgraph(args, dir.path());
