@@ -38,7 +38,7 @@ use stepgraph::train::data::arith::{MINUS, MODULUS, PLUS, TIMES, longest_unit_te
 
 #[path = "support/score.rs"]
 mod score;
-use score::{fraction, positive};
+use score::positive;
 
 /// Terms of this many operands and more share the last bucket.
 const LONG: usize = 6;
@@ -114,19 +114,15 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             ex
         })
         .collect();
-    let right = score::right_answers(
+    let (acc, buckets) = score::by_bucket(
         &cfg,
         &weights,
         task,
         &examples,
         task.width(args.max),
-        usize::try_from(MODULUS)?,
+        LONG,
+        |ex| longest_unit_term(&ex.tokens[..ex.answers[0]]),
     )?;
-    let buckets = score::buckets(&examples, &right, LONG, |ex| {
-        longest_unit_term(&ex.tokens[..ex.answers[0]])
-    });
-    let right: usize = buckets.values().map(|b| b.0).sum();
-    let acc = fraction(right, args.rows);
     let mut report = format!(
         "{} operands, {} held-out rows{}: accuracy {:.1}% ({:.1} scaled)",
         if args.max == args.size {

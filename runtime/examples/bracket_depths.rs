@@ -29,11 +29,11 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use stepgraph::mamba3::checkpoint;
 use stepgraph::train::data::Task;
-use stepgraph::train::data::arith::{CLOSE, MODULUS, OPEN};
+use stepgraph::train::data::arith::{CLOSE, OPEN};
 
 #[path = "support/score.rs"]
 mod score;
-use score::{fraction, positive};
+use score::positive;
 
 /// Rows this deep and deeper share the last bucket.
 const DEEP: usize = 16;
@@ -91,19 +91,15 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             }
         })
         .collect();
-    let right = score::right_answers(
+    let (acc, buckets) = score::by_bucket(
         &cfg,
         &weights,
         task,
         &examples,
         task.width(args.size),
-        usize::try_from(MODULUS)?,
+        DEEP,
+        |ex| deepest(&ex.tokens[..ex.answers[0]]),
     )?;
-    let buckets = score::buckets(&examples, &right, DEEP, |ex| {
-        deepest(&ex.tokens[..ex.answers[0]])
-    });
-    let right: usize = buckets.values().map(|b| b.0).sum();
-    let acc = fraction(right, args.rows);
     let mut report = format!(
         "{} tokens, {} held-out{} rows of {}: accuracy {:.1}% ({:.1} scaled)\n",
         args.size,

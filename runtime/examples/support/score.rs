@@ -45,7 +45,7 @@ pub fn positive(s: &str) -> Option<usize> {
 /// example's answer. The rows are laid out as training lays them out, at
 /// `width` tokens; an id the checkpoint's vocabulary lacks (a checkpoint of
 /// another task) is refused by `Tokens`.
-pub fn right_answers(
+fn right_answers(
     cfg: &Mamba3Config,
     weights: &Weights<f64>,
     task: Task,
@@ -72,29 +72,40 @@ pub fn right_answers(
         .collect()
 }
 
-/// Rows right and rows in all, per bucket: `key` of each example, capped at
+/// Rows right and rows in all, per bucket.
+pub type Buckets = BTreeMap<usize, (usize, usize)>;
+
+/// Scores `examples` of `task` (rows of `width` tokens; see
+/// [`right_answers`]) and returns the accuracy over all of them and, per
+/// bucket, rows right and rows in all: `key` of each example, capped at
 /// `last` (the bucket of `last` and beyond).
-pub fn buckets(
+pub fn by_bucket(
+    cfg: &Mamba3Config,
+    weights: &Weights<f64>,
+    task: Task,
     examples: &[Example],
-    right: &[bool],
+    width: usize,
     last: usize,
     key: impl Fn(&Example) -> usize,
-) -> BTreeMap<usize, (usize, usize)> {
-    let mut out = BTreeMap::<usize, (usize, usize)>::new();
-    for (ex, &ok) in examples.iter().zip(right) {
+) -> Result<(f64, Buckets), Box<dyn Error>> {
+    let classes = usize::try_from(task.modulus().ok_or("not a state-tracking task")?)?;
+    let right = right_answers(cfg, weights, task, examples, width, classes)?;
+    let mut out = Buckets::new();
+    for (ex, &ok) in examples.iter().zip(&right) {
         let slot = out.entry(key(ex).min(last)).or_default();
         slot.0 += usize::from(ok);
         slot.1 += 1;
     }
-    out
+    let hits = right.iter().filter(|&&ok| ok).count();
+    Ok((fraction(hits, examples.len()), out))
 }
 
-/// Appends the table of [`buckets`] under `header`, the bucket of `last`
+/// Appends the table of [`by_bucket`]'s buckets under `header`, the bucket of `last`
 /// labelled `last+`.
 pub fn write_buckets(
     report: &mut String,
     header: &str,
-    buckets: &BTreeMap<usize, (usize, usize)>,
+    buckets: &Buckets,
     last: usize,
 ) -> std::fmt::Result {
     writeln!(report, "{header} | rows | accuracy")?;
