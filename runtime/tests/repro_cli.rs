@@ -11,22 +11,7 @@ use serde_json::Value;
 #[test]
 fn the_quick_table_runs_end_to_end_on_the_cpu() {
     let dir = tempfile::tempdir().unwrap();
-    let out = stepgraph(
-        &[
-            "repro",
-            "state-tracking",
-            "--quick",
-            "--device",
-            "cpu",
-            "--seeds",
-            "1",
-            "--out",
-            "table",
-        ],
-        dir.path(),
-    );
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let stdout = quick_table(dir.path(), &[]);
     for needle in [
         "[  9/9]",
         "| model | Parity | Arith w/o brackets | Arith w/ brackets |",
@@ -113,26 +98,15 @@ fn the_quick_table_runs_end_to_end_on_the_cpu() {
 #[test]
 fn the_bracketed_column_without_times_runs_beside_the_papers_number() {
     let dir = tempfile::tempdir().unwrap();
-    let out = stepgraph(
+    let stdout = quick_table(
+        dir.path(),
         &[
-            "repro",
-            "state-tracking",
-            "--quick",
-            "--device",
-            "cpu",
-            "--seeds",
-            "1",
             "--tasks",
             "modarith-brackets,modarith-brackets-nomult",
             "--rotations",
             "data",
-            "--out",
-            "table",
         ],
-        dir.path(),
     );
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(
         stdout.contains("| model | Arith w/ brackets | Arith w/ brackets, + - only |"),
         "{stdout}"
@@ -147,6 +121,27 @@ fn the_bracketed_column_without_times_runs_beside_the_papers_number() {
     }
     let md = std::fs::read_to_string(t.join("table.md")).unwrap();
     assert!(md.contains("--task modarith-brackets-nomult"), "{md}");
+}
+
+/// `repro state-tracking --quick` on the CPU, one seed, into `dir/table`,
+/// with `extra` arguments; its standard output, once it has succeeded.
+fn quick_table(dir: &std::path::Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "repro",
+        "state-tracking",
+        "--quick",
+        "--device",
+        "cpu",
+        "--seeds",
+        "1",
+        "--out",
+        "table",
+    ];
+    args.extend_from_slice(extra);
+    let out = stepgraph(&args, dir);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    stdout
 }
 
 fn usage(args: &[&str], needle: &str) {
