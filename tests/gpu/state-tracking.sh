@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 16: the Mamba-3 paper's state-tracking table (Table 5b) on one GPU,
 # both precisions, 5 seeds each. The whole table needs far more GPU time than
-# one ten-minute visit (an arithmetic run is 20,000 steps, about 3 minutes of
-# the H200 alone in bf16, and concurrent runs share that throughput), so run
+# one ten-minute visit (an arithmetic run is 40,000 steps, about 4.6 minutes of
+# one GPU alone in bf16, and concurrent runs share that throughput), so run
 # it a part a visit with TASKS / ROTATIONS / FIRST_SEED and join the parts
 # with `stepgraph repro state-tracking --merge`. Stage the
 # binary here, run this there (from the repository root, .gpu/ beside it):
