@@ -84,7 +84,7 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let examples: Vec<_> = (0..args.rows)
         .map(|_| {
             if args.skewed {
-                let symbols = task.skewed_symbols(&mut rng);
+                let symbols = task.skewed_symbols(0.0, &mut rng);
                 task.sample_from(args.size, true, &symbols, &mut rng)
             } else {
                 task.sample(args.size, true, &mut rng)

@@ -68,6 +68,7 @@ fn parity(n: usize, rows: usize, seed: u64) -> (Vec<Batch>, usize) {
         curriculum_start: 0,
         train_min_len: 0,
         skewed_rows: 0.0,
+        skew_drop: 0.0,
     };
     let mut data = Dataset::new(&spec, seed, rows).expect("dataset");
     let width = data.train_width();

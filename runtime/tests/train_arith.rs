@@ -256,6 +256,7 @@ fn held_out_sets_are_disjoint_from_training() {
             curriculum_start: 0,
             train_min_len: 0,
             skewed_rows: 0.0,
+            skew_drop: 0.0,
         };
         let mut data = Dataset::new(&spec, 5, 32).unwrap();
         let eval: HashSet<Vec<u32>> = data
@@ -381,8 +382,11 @@ fn skewed_rows_are_answered_right_and_skewed() {
         // The largest share one value takes in a row, over many rows.
         let mut top_share: f64 = 0.0;
         for n in [1, 2, 7, 40, 160] {
-            for _ in 0..60 {
-                let symbols = task.skewed_symbols(&mut r);
+            for i in 0..60 {
+                // Half the rows leave symbols out (`--skew-drop`): rows of
+                // one operator or without some values are answered right too.
+                let drop = if i % 2 == 0 { 0.0 } else { 0.5 };
+                let symbols = task.skewed_symbols(drop, &mut r);
                 let ex = task.sample_from(n, false, &symbols, &mut r);
                 let t = &ex.tokens;
                 assert_eq!(t.len(), task.width(n), "{task:?}");
@@ -430,7 +434,7 @@ fn uniform_symbols_draw_the_published_rows() {
 #[test]
 fn skewed_training_rows_leave_the_eval_sets_alone() {
     for task in STATE_TRACKING {
-        let spec = |skewed_rows| DataSpec::Task {
+        let spec = |skewed_rows, skew_drop| DataSpec::Task {
             task,
             train_len: 40,
             eval_lens: vec![40, 80],
@@ -439,6 +443,7 @@ fn skewed_training_rows_leave_the_eval_sets_alone() {
             curriculum_start: 0,
             train_min_len: 0,
             skewed_rows,
+            skew_drop,
         };
         let rows = |d: &Dataset| -> Vec<Vec<u32>> {
             d.eval_sets()
@@ -447,36 +452,47 @@ fn skewed_training_rows_leave_the_eval_sets_alone() {
                 .flat_map(|b| b.tokens.chunks(b.width).map(<[u32]>::to_vec))
                 .collect()
         };
-        let plain = Dataset::new(&spec(0.0), 6, 32).unwrap();
-        let mut skewed = Dataset::new(&spec(0.5), 6, 32).unwrap();
-        let eval = rows(&skewed);
-        assert_eq!(rows(&plain), eval, "{task:?}: eval rows changed");
-        let eval: HashSet<Vec<u32>> = eval.into_iter().collect();
-        // Half the training rows skewed: some rows far from uniform, none
-        // an eval instance.
-        let values = task.modulus().unwrap();
-        let mut lopsided = 0;
-        for _ in 0..10 {
-            let b = skewed.next_batch(64).unwrap();
-            for row in b.tokens.chunks(b.width) {
-                let inst: Vec<u32> = row.iter().copied().filter(|&t| t != task.pad()).collect();
-                if inst.len() > 20 {
-                    assert!(!is_eval_instance(&inst), "{task:?}: {inst:?}");
-                    assert!(!eval.contains(row), "{task:?}: an eval row in training");
-                    let operands: Vec<u32> = inst[..inst.len() - 2]
-                        .iter()
-                        .copied()
-                        .filter(|&x| x < values)
-                        .collect();
-                    let most = (0..values)
-                        .map(|v| operands.iter().filter(|&&x| x == v).count())
-                        .max()
-                        .unwrap();
-                    lopsided += usize::from(share(most, operands.len()) > lopsided_share(values));
+        let plain = Dataset::new(&spec(0.0, 0.0), 6, 32).unwrap();
+        let mut zero_free = [0; 2];
+        for (drop, zero_free) in [0.0, 0.5].into_iter().zip(&mut zero_free) {
+            let mut skewed = Dataset::new(&spec(0.5, drop), 6, 32).unwrap();
+            let eval = rows(&skewed);
+            assert_eq!(rows(&plain), eval, "{task:?}: eval rows changed");
+            let eval: HashSet<Vec<u32>> = eval.into_iter().collect();
+            // Half the training rows skewed: some rows far from uniform, none
+            // an eval instance.
+            let values = task.modulus().unwrap();
+            let mut lopsided = 0;
+            for _ in 0..10 {
+                let b = skewed.next_batch(64).unwrap();
+                for row in b.tokens.chunks(b.width) {
+                    let inst: Vec<u32> = row.iter().copied().filter(|&t| t != task.pad()).collect();
+                    if inst.len() > 20 {
+                        assert!(!is_eval_instance(&inst), "{task:?}: {inst:?}");
+                        assert!(!eval.contains(row), "{task:?}: an eval row in training");
+                        let operands: Vec<u32> = inst[..inst.len() - 2]
+                            .iter()
+                            .copied()
+                            .filter(|&x| x < values)
+                            .collect();
+                        let most = (0..values)
+                            .map(|v| operands.iter().filter(|&&x| x == v).count())
+                            .max()
+                            .unwrap();
+                        lopsided +=
+                            usize::from(share(most, operands.len()) > lopsided_share(values));
+                        *zero_free += usize::from(!operands.contains(&0));
+                    }
                 }
             }
+            assert!(lopsided > 10, "{task:?}: {lopsided} lopsided rows");
         }
-        assert!(lopsided > 10, "{task:?}: {lopsided} lopsided rows");
+        // `--skew-drop 0.5` leaves 0 out of about half the skewed rows; a
+        // flat Dirichlet alone rarely keeps a row of 20+ tokens free of it.
+        assert!(
+            zero_free[1] >= zero_free[0] + 25,
+            "{task:?}: rows without 0, {zero_free:?}"
+        );
     }
 }
 
@@ -491,6 +507,7 @@ fn skewed_rows_wait_for_the_curriculums_end() {
         curriculum_start: 0,
         train_min_len: 0,
         skewed_rows,
+        skew_drop: 0.0,
     };
     let mut plain = Dataset::new(&spec(0.0), 8, 16).unwrap();
     let mut skewed = Dataset::new(&spec(1.0), 8, 16).unwrap();
@@ -520,4 +537,31 @@ fn skewed_rows_wait_for_the_curriculums_end() {
     };
     assert!(lopsided(&mut skewed) >= 10);
     assert!(lopsided(&mut plain) <= 1);
+}
+
+#[test]
+fn rows_that_leave_symbols_out_stay_out_of_the_held_out_half() {
+    // A high drop leaves many rows with one value and one operator: one
+    // instance per size, which only new frequencies move out of the
+    // held-out half.
+    for task in STATE_TRACKING {
+        let mut r = rng(40);
+        for n in [8, 40, 160] {
+            for _ in 0..100 {
+                let ex = task.sample_skewed(n, 0.9, &mut r);
+                assert!(!is_eval_instance(&ex.tokens), "{task:?}: {:?}", ex.tokens);
+            }
+        }
+    }
+    // Without a drop, the draws are those of the skewed rows before it.
+    let (mut a, mut b) = (rng(41), rng(41));
+    for task in STATE_TRACKING {
+        for _ in 0..50 {
+            let symbols = task.skewed_symbols(0.0, &mut b);
+            assert_eq!(
+                task.sample_skewed(40, 0.0, &mut a),
+                task.sample_from(40, false, &symbols, &mut b)
+            );
+        }
+    }
 }

@@ -109,6 +109,7 @@ fn task_spec(task: Task, train_len: usize, eval_lens: Vec<usize>) -> DataSpec {
         curriculum_start: 0,
         train_min_len: 0,
         skewed_rows: 0.0,
+        skew_drop: 0.0,
     }
 }
 

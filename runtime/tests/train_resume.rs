@@ -27,6 +27,7 @@ fn run_config(steps: u64) -> RunConfig {
             curriculum_start: 0,
             train_min_len: 0,
             skewed_rows: 0.0,
+            skew_drop: 0.0,
         },
         model: ModelSize {
             d_model: 8,
@@ -183,6 +184,7 @@ fn gated_config(steps: u64) -> RunConfig {
         curriculum_start: 0,
         train_min_len: 0,
         skewed_rows: 0.0,
+        skew_drop: 0.0,
     };
     cfg
 }
@@ -307,6 +309,7 @@ fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
         curriculum_start: 0,
         train_min_len: 0,
         skewed_rows: 0.0,
+        skew_drop: 0.0,
     };
     refused(typed, Setting::TrainLen);
     let mut typed = run_config(4);

@@ -510,7 +510,7 @@ fn write_files(
         let r = recipe::recipe_with(t, opts.quick, &opts.overrides);
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
-             --eval-lens {},{} --curriculum {}{}{}{}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
+             --eval-lens {},{} --curriculum {}{}{}{}{}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
              --dt-init {}{}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`){}, weight decay 0.1 on the \
              embedding and out_proj only (`--decay outputs`), clip 1, scan chunk {} \
              (`--chunk-size`){}\n",
@@ -540,6 +540,11 @@ fn write_files(
             },
             if r.skewed_rows > 0.0 {
                 format!(" --skewed-rows {}", r.skewed_rows)
+            } else {
+                String::new()
+            },
+            if r.skew_drop > 0.0 {
+                format!(" --skew-drop {}", r.skew_drop)
             } else {
                 String::new()
             },

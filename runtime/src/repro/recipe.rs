@@ -122,6 +122,9 @@ pub struct Recipe {
     /// Fraction of training rows with skewed symbol frequencies
     /// (`stepgraph train --skewed-rows`).
     pub skewed_rows: f64,
+    /// Probability that a symbol is left out of a skewed row
+    /// (`stepgraph train --skew-drop`).
+    pub skew_drop: f64,
 }
 
 /// The scan's chunk length for a table in `precision`: the same math at
@@ -184,6 +187,7 @@ fn arithmetic(task: Task) -> Recipe {
         ema: Some(0.999),
         adam_eps: DEFAULT_ADAM_EPS,
         skewed_rows: 0.0,
+        skew_drop: 0.0,
     }
 }
 
@@ -221,6 +225,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             ema: None,
             adam_eps: PARITY_ADAM_EPS,
             skewed_rows: 0.5,
+            skew_drop: 0.0,
         },
         // 80 operands: rows of 2 * 80 + 1 = 161 tokens; 128: 257. The
         // curriculum starts at 20 operands (41 tokens). Half the rows skewed
@@ -314,6 +319,10 @@ pub struct Overrides {
     /// tables written before it.
     #[serde(default)]
     pub skewed_rows: Option<f64>,
+    /// The probability that a symbol is left out of a skewed row
+    /// (`--skew-drop`). Absent from tables written before it.
+    #[serde(default)]
+    pub skew_drop: Option<f64>,
 }
 
 impl Overrides {
@@ -332,6 +341,7 @@ impl Overrides {
             }
             (None, _) => r.curriculum,
         };
+        let skewed_rows = self.skewed_rows.unwrap_or(r.skewed_rows);
         Recipe {
             steps: self.steps.unwrap_or(r.steps),
             curriculum,
@@ -352,7 +362,12 @@ impl Overrides {
                 r.curriculum_start
             }),
             adam_eps: self.adam_eps.unwrap_or(r.adam_eps),
-            skewed_rows: self.skewed_rows.unwrap_or(r.skewed_rows),
+            skewed_rows,
+            // As the start with the curriculum: a recipe's own drop goes
+            // with its skewed rows.
+            skew_drop: self
+                .skew_drop
+                .unwrap_or(if skewed_rows == 0.0 { 0.0 } else { r.skew_drop }),
             ..r
         }
     }
@@ -399,6 +414,7 @@ impl Recipe {
                 curriculum_start: self.curriculum_start,
                 train_min_len: self.train_min_len,
                 skewed_rows: self.skewed_rows,
+                skew_drop: self.skew_drop,
             },
             model: ModelSize {
                 d_model: self.d_model,
@@ -515,6 +531,7 @@ mod tests {
             adam_eps: Some(1e-5),
             min_lr: Some(1e-4),
             skewed_rows: Some(0.25),
+            skew_drop: Some(0.3),
         };
         let r = o.apply(base.clone());
         assert_eq!((base.min_lr, r.min_lr), (1e-5, 1e-4));
@@ -549,6 +566,7 @@ mod tests {
         assert_eq!(r.curriculum_gate, 0.5);
         assert_eq!((base.train_min_len, r.train_min_len), (0, 80));
         assert_eq!((base.skewed_rows, r.skewed_rows), (0.5, 0.25));
+        assert_eq!((base.skew_drop, r.skew_drop), (0.0, 0.3));
         assert_eq!((base.curriculum_start, r.curriculum_start), (20, 30));
         assert_eq!((r.dt_init.min, r.dt_init.max), (0.01, 0.2));
         assert_eq!((base.dt_init.min, base.dt_init.max), (0.01, 0.1));
@@ -573,6 +591,7 @@ mod tests {
                         train_min_len: 80,
                         curriculum_start: 30,
                         skewed_rows: 0.25,
+                        skew_drop: 0.3,
                         ..
                     }
                 ),
@@ -608,6 +627,36 @@ mod tests {
         .apply(base.clone());
         assert_eq!(shorter.curriculum, base.curriculum / 2);
         assert_eq!(shorter.curriculum_start, base.curriculum_start);
+    }
+
+    #[test]
+    fn no_skewed_rows_drop_the_recipes_skew_drop() {
+        let base = Recipe {
+            skew_drop: 0.5,
+            ..recipe(Task::ModarithPrec, false)
+        };
+        let uniform = Overrides {
+            skewed_rows: Some(0.0),
+            ..Overrides::default()
+        }
+        .apply(base.clone());
+        assert_eq!((uniform.skewed_rows, uniform.skew_drop), (0.0, 0.0));
+        let run = uniform.run(Rotation::Data, 1, Precision::Bf16, Device::Cuda, false);
+        validate(&run).unwrap();
+        let named = Overrides {
+            skewed_rows: Some(0.0),
+            skew_drop: Some(0.5),
+            ..Overrides::default()
+        }
+        .apply(base.clone());
+        let run = named.run(Rotation::Data, 1, Precision::Bf16, Device::Cuda, false);
+        let err = validate(&run).unwrap_err().to_string();
+        assert!(
+            err.contains("--skew-drop"),
+            "a drop named is kept and refused: {err}"
+        );
+        let kept = Overrides::default().apply(base);
+        assert_eq!((kept.skewed_rows, kept.skew_drop), (0.5, 0.5));
     }
 
     #[test]

@@ -442,6 +442,7 @@ mod tests {
             curriculum_start: 0,
             train_min_len: 0,
             skewed_rows: 0.0,
+            skew_drop: 0.0,
         };
         Dataset::new(&spec, 0, rows)
             .unwrap()

@@ -133,6 +133,10 @@ struct StArgs {
     /// frequencies, in 0..=1 (`stepgraph train --skewed-rows`).
     #[arg(long, value_parser = crate::parse::fraction, allow_negative_numbers = true)]
     skewed_rows: Option<f64>,
+    /// The probability that each value and operator is left out of a
+    /// skewed row, in 0..1 (`stepgraph train --skew-drop`).
+    #[arg(long, value_parser = crate::parse::fraction, allow_negative_numbers = true)]
+    skew_drop: Option<f64>,
     /// Instead of training, merge the output directories of several parts
     /// (comma-separated) into one table in --out.
     #[arg(
@@ -142,7 +146,7 @@ struct StArgs {
             "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "min_lr", "d_model", "headdim",
             "curriculum_gate", "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps",
-            "skewed_rows",
+            "skewed_rows", "skew_drop",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -157,7 +161,7 @@ struct StArgs {
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
             "steps", "curriculum", "batch", "lr", "min_lr", "d_model", "headdim", "curriculum_gate",
             "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps", "skewed_rows",
-            "merge", "out",
+            "skew_drop", "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -219,6 +223,7 @@ fn options(a: &StArgs) -> ReproOptions {
             curriculum_start: a.curriculum_start,
             adam_eps: a.adam_eps,
             skewed_rows: a.skewed_rows,
+            skew_drop: a.skew_drop,
         },
     }
 }

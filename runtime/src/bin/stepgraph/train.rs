@@ -73,6 +73,13 @@ pub struct Args {
     /// tasks are published).
     #[arg(long, default_value_t = 0.0, value_parser = crate::parse::fraction, conflicts_with = "data")]
     skewed_rows: f64,
+    /// Leave each value and each operator out of a skewed row with this
+    /// probability (one of each stays), so some rows lack a symbol
+    /// entirely: without 0, a row's modular products never collapse to 0
+    /// and every factor turns the state. Needs --skewed-rows (0: none left
+    /// out).
+    #[arg(long, default_value_t = 0.0, value_parser = crate::parse::fraction, conflicts_with = "data")]
+    skew_drop: f64,
     /// Train on this file instead of a task.
     #[arg(long)]
     data: Option<PathBuf>,
@@ -347,6 +354,7 @@ fn run_config(a: &Args) -> RunConfig {
             curriculum_start: a.curriculum_start,
             train_min_len: a.train_min_len,
             skewed_rows: a.skewed_rows,
+            skew_drop: a.skew_drop,
         },
     };
     RunConfig {

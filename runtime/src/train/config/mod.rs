@@ -429,7 +429,23 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
             curriculum_start,
             train_min_len,
             skewed_rows,
+            skew_drop,
         } => {
+            if !(0.0..1.0).contains(skew_drop) {
+                return Err(invalid(
+                    "--skew-drop",
+                    format!(
+                        "is the probability that a symbol is left out of a skewed row, in 0..1; \
+                         got {skew_drop}"
+                    ),
+                ));
+            }
+            if *skew_drop > 0.0 && *skewed_rows == 0.0 {
+                return Err(invalid(
+                    "--skew-drop",
+                    "leaves symbols out of skewed rows: give --skewed-rows F (> 0) too",
+                ));
+            }
             if !(0.0..=1.0).contains(skewed_rows) {
                 return Err(invalid(
                     "--skewed-rows",
@@ -718,6 +734,7 @@ mod tests {
                 curriculum_start: 0,
                 train_min_len: 0,
                 skewed_rows: 0.0,
+                skew_drop: 0.0,
             },
             model: super::ModelSize {
                 d_model: 8,
@@ -788,7 +805,7 @@ mod tests {
     #[test]
     fn runs_saved_before_skewed_rows_load_with_uniform_rows_and_bad_fractions_are_refused() {
         use crate::train::data::{DataSpec, Task};
-        let with = |task, skewed_rows| super::RunConfig {
+        let with_drop = |task, skewed_rows, skew_drop| super::RunConfig {
             data: DataSpec::Task {
                 task,
                 train_len: 6,
@@ -798,14 +815,21 @@ mod tests {
                 curriculum_start: 0,
                 train_min_len: 0,
                 skewed_rows,
+                skew_drop,
             },
             ..a_run()
         };
+        let with = |task, skewed_rows| with_drop(task, skewed_rows, 0.0);
         let mut json = serde_json::to_value(with(Task::Parity, 0.5)).unwrap();
         json["data"]
             .as_object_mut()
             .unwrap()
             .remove("skewed_rows")
+            .unwrap();
+        json["data"]
+            .as_object_mut()
+            .unwrap()
+            .remove("skew_drop")
             .unwrap();
         let old: super::RunConfig = serde_json::from_value(json).unwrap();
         assert!(matches!(old.data, DataSpec::Task { skewed_rows, .. } if skewed_rows == 0.0));
@@ -813,6 +837,13 @@ mod tests {
         for (task, bad) in [(Task::Parity, 1.5), (Task::Parity, -0.1), (Task::Copy, 0.5)] {
             let err = super::validate(&with(task, bad)).unwrap_err().to_string();
             assert!(err.contains("--skewed-rows"), "{task:?} {bad}: {err}");
+        }
+        super::validate(&with_drop(Task::ModarithPrec, 0.5, 0.5)).unwrap();
+        for (rows, drop) in [(0.5, 1.0), (0.5, -0.5), (0.5, f64::NAN), (0.0, 0.5)] {
+            let err = super::validate(&with_drop(Task::ModarithPrec, rows, drop))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--skew-drop"), "{rows} {drop}: {err}");
         }
     }
 

@@ -20,6 +20,7 @@ pub enum Setting {
     CurriculumStart,
     TrainMinLen,
     SkewedRows,
+    SkewDrop,
     Data,
     DataFormat,
     VocabSize,
@@ -75,7 +76,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 42] = [
+    pub const ALL: [Setting; 43] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -84,6 +85,7 @@ impl Setting {
         Self::CurriculumStart,
         Self::TrainMinLen,
         Self::SkewedRows,
+        Self::SkewDrop,
         Self::Data,
         Self::DataFormat,
         Self::VocabSize,
@@ -131,6 +133,7 @@ impl Setting {
             Self::CurriculumStart => "--curriculum-start",
             Self::TrainMinLen => "--train-min-len",
             Self::SkewedRows => "--skewed-rows",
+            Self::SkewDrop => "--skew-drop",
             Self::Data => "--data",
             Self::DataFormat => "--data-format",
             Self::VocabSize => "--vocab-size",
@@ -220,6 +223,7 @@ impl Setting {
                 with(train_min_len.to_string())
             }
             (Self::SkewedRows, DataSpec::Task { skewed_rows, .. }) => with(skewed_rows.to_string()),
+            (Self::SkewDrop, DataSpec::Task { skew_drop, .. }) => with(skew_drop.to_string()),
             (Self::Data, DataSpec::File { path, .. }) => with(path.display().to_string()),
             (Self::DataFormat, DataSpec::File { format, .. }) => with(format.name().into()),
             (Self::VocabSize, DataSpec::File { vocab_size, .. }) => {
@@ -237,7 +241,8 @@ impl Setting {
                 | Self::CurriculumGate
                 | Self::CurriculumStart
                 | Self::TrainMinLen
-                | Self::SkewedRows,
+                | Self::SkewedRows
+                | Self::SkewDrop,
                 DataSpec::File { .. },
             )
             | (

@@ -139,6 +139,7 @@ mod tests {
             curriculum_start,
             train_min_len,
             skewed_rows: 0.0,
+            skew_drop: 0.0,
         };
         Dataset::new(&spec, seed, batch).unwrap()
     }

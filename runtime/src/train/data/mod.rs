@@ -149,6 +149,11 @@ pub enum DataSpec {
         /// training size). Evaluation rows are always uniform.
         #[serde(default)]
         skewed_rows: f64,
+        /// Probability that a value or an operator is left out of a skewed
+        /// row altogether (`--skew-drop`, [`skew`]; 0: every symbol keeps a
+        /// drawn share). Only with `skewed_rows > 0`.
+        #[serde(default)]
+        skew_drop: f64,
     },
     /// A token file.
     File {
@@ -178,8 +183,9 @@ impl DataSpec {
                 curriculum_start,
                 train_min_len,
                 skewed_rows,
+                skew_drop,
             } => format!(
-                "`task {}, train_len {train_len}{}{}, eval {}{}{}{}`",
+                "`task {}, train_len {train_len}{}{}{}, eval {}{}{}{}`",
                 task.name(),
                 if *train_min_len > 0 {
                     format!(", train_min_len {train_min_len}")
@@ -188,6 +194,11 @@ impl DataSpec {
                 },
                 if *skewed_rows > 0.0 {
                     format!(", skewed_rows {skewed_rows}")
+                } else {
+                    String::new()
+                },
+                if *skew_drop > 0.0 {
+                    format!(", skew_drop {skew_drop}")
                 } else {
                     String::new()
                 },
@@ -262,6 +273,7 @@ enum Source {
         task: Task,
         sizes: Curriculum,
         skewed: f64,
+        drop: f64,
     },
     File {
         data: FileData,
@@ -303,6 +315,7 @@ impl Dataset {
                 curriculum_start,
                 train_min_len,
                 skewed_rows,
+                skew_drop,
             } => {
                 let mut eval_rng = ChaCha20Rng::seed_from_u64(seed);
                 eval_rng.set_stream(EVAL_STREAM);
@@ -321,6 +334,7 @@ impl Dataset {
                         floor: *train_min_len,
                     },
                     skewed: *skewed_rows,
+                    drop: *skew_drop,
                 };
                 (source, eval)
             }
@@ -391,13 +405,21 @@ impl Dataset {
                 task,
                 sizes,
                 skewed,
+                drop,
             } => format!(
                 "task {} (vocab {}), train sizes {}{}, eval sizes {}",
                 task.name(),
                 task.vocab_size(),
                 sizes.describe(),
                 if *skewed > 0.0 {
-                    format!(", {skewed} of the rows skewed once the curriculum has ended")
+                    format!(
+                        ", {skewed} of the rows skewed once the curriculum has ended{}",
+                        if *drop > 0.0 {
+                            format!(" (each symbol left out of one with probability {drop})")
+                        } else {
+                            String::new()
+                        }
+                    )
                 } else {
                     String::new()
                 },
@@ -428,6 +450,7 @@ impl Dataset {
                 task,
                 sizes,
                 skewed,
+                drop,
             } => {
                 if sizes.advances(self.smoothed_loss) {
                     self.clock += 1;
@@ -441,8 +464,7 @@ impl Dataset {
                         // No draw without the option (older runs keep their
                         // stream), none before the curriculum's end.
                         if skew && self.rng.random::<f64>() < *skewed {
-                            let symbols = task.skewed_symbols(&mut self.rng);
-                            task.sample_from(n, false, &symbols, &mut self.rng)
+                            task.sample_skewed(n, *drop, &mut self.rng)
                         } else {
                             task.sample(n, false, &mut self.rng)
                         }

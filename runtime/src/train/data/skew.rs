@@ -12,7 +12,15 @@
 //! The drawn frequencies are a flat Dirichlet (every frequency vector
 //! equally likely), once for the operands (bits) and once for the
 //! operators of a row; everything else about the row (its size, grammar,
-//! answer, split) is the task's own. Skewed rows start once the curriculum
+//! answer, split) is the task's own.
+//!
+//! A flat Dirichlet rarely leaves a symbol out of a row, and some errors
+//! only show in rows that lack one: a modular product turns the state by
+//! the discrete log of each factor, but a product through 0 is 0 whatever
+//! came before, so a long zero-free product (the rows that show an inexact
+//! product step) stays a few percent of skewed rows. `--skew-drop P` leaves
+//! each value and each operator out of a skewed row with probability `P`
+//! (one of each always stays) before the frequencies of the rest are drawn. Skewed rows start once the curriculum
 //! has reached the training size ([`super::DataSpec`]), and evaluation
 //! rows stay uniform: the paper's task is what is scored.
 
@@ -37,10 +45,12 @@ pub enum Symbols {
 
 impl Symbols {
     /// Draws a row's frequencies over `values` values and the three
-    /// operators from a flat Dirichlet.
-    pub fn skewed(values: u32, rng: &mut ChaCha20Rng) -> Self {
-        let v = cumulative_dirichlet(usize::try_from(values).unwrap_or(1), rng);
-        let o = cumulative_dirichlet(3, rng);
+    /// operators from a flat Dirichlet, after leaving each out with
+    /// probability `drop` (0: no symbol left out, and no draw for it, so
+    /// the stream is the one before `--skew-drop` existed).
+    pub fn skewed(values: u32, drop: f64, rng: &mut ChaCha20Rng) -> Self {
+        let v = cumulative_dirichlet(usize::try_from(values).unwrap_or(1), drop, rng);
+        let o = cumulative_dirichlet(3, drop, rng);
         Self::Skewed {
             values: v,
             operators: [o[0], o[1], o[2]],
@@ -69,6 +79,11 @@ impl Symbols {
     pub fn additive_operator(&self, plus: u32, rng: &mut ChaCha20Rng) -> u32 {
         match self {
             Self::Uniform => rng.random_range(plus..=plus + 1),
+            // A row that left both out has only `*`, which this task
+            // lacks: its additive operators are uniform.
+            Self::Skewed { operators, .. } if operators[1] <= 0.0 => {
+                rng.random_range(plus..=plus + 1)
+            }
             Self::Skewed { operators, .. } => {
                 // `operators` is cumulative: the first two outcomes,
                 // renormalized, are a draw below the second's bound.
@@ -80,10 +95,28 @@ impl Symbols {
 }
 
 /// Cumulative weights of a flat Dirichlet over `k` outcomes: normalized
-/// exponential draws (`-ln U`), the last entry exactly 1.
-fn cumulative_dirichlet(k: usize, rng: &mut ChaCha20Rng) -> Vec<f64> {
-    let draws: Vec<f64> = (0..k.max(1))
-        .map(|_| -(1.0 - rng.random::<f64>()).ln())
+/// exponential draws (`-ln U`), the last entry exactly 1. With `drop > 0`
+/// each outcome is first left out (weight 0) with that probability; when
+/// all are, one drawn uniformly stays.
+fn cumulative_dirichlet(k: usize, drop: f64, rng: &mut ChaCha20Rng) -> Vec<f64> {
+    let k = k.max(1);
+    let mut kept = vec![true; k];
+    if drop > 0.0 {
+        kept.iter_mut()
+            .for_each(|b| *b = rng.random::<f64>() >= drop);
+        if !kept.contains(&true) {
+            kept[rng.random_range(0..k)] = true;
+        }
+    }
+    let draws: Vec<f64> = kept
+        .iter()
+        .map(|&b| {
+            if b {
+                -(1.0 - rng.random::<f64>()).ln()
+            } else {
+                0.0
+            }
+        })
         .collect();
     let total: f64 = draws.iter().sum();
     let mut acc = 0.0;
@@ -123,7 +156,7 @@ mod tests {
         // uniform to almost all: the spread the option exists for.
         let mut shares = Vec::new();
         for _ in 0..400 {
-            let s = Symbols::skewed(5, &mut rng);
+            let s = Symbols::skewed(5, 0.0, &mut rng);
             let mut counts = [0u32; 5];
             for _ in 0..200 {
                 let v = s.value(5, &mut rng);
@@ -143,7 +176,7 @@ mod tests {
         let mut rng = ChaCha20Rng::seed_from_u64(5);
         let mut shares = Vec::new();
         for _ in 0..300 {
-            let s = Symbols::skewed(5, &mut rng);
+            let s = Symbols::skewed(5, 0.0, &mut rng);
             let Symbols::Skewed { operators, .. } = &s else {
                 unreachable!("skewed() draws weights")
             };
@@ -176,10 +209,66 @@ mod tests {
     fn cumulative_weights_end_at_one() {
         let mut rng = ChaCha20Rng::seed_from_u64(4);
         for k in 1..8 {
-            let c = cumulative_dirichlet(k, &mut rng);
+            let c = cumulative_dirichlet(k, 0.0, &mut rng);
             assert_eq!(c.len(), k);
             assert_eq!(c[k - 1], 1.0);
             assert!(c.windows(2).all(|w| w[0] <= w[1]));
         }
+    }
+
+    #[test]
+    fn dropped_symbols_never_appear_and_one_of_each_stays() {
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        let (mut without_zero, mut only_times, rows) = (0u32, 0u32, 2000u32);
+        for _ in 0..rows {
+            let s = Symbols::skewed(5, 0.5, &mut rng);
+            let Symbols::Skewed { values, operators } = &s else {
+                unreachable!("skewed() draws weights")
+            };
+            assert_eq!((values[4], operators[2]), (1.0, 1.0));
+            let mut seen = [false; 5];
+            for _ in 0..300 {
+                seen[usize::try_from(s.value(5, &mut rng)).unwrap()] = true;
+                assert!((5..8).contains(&s.operator(5, &mut rng)));
+                assert!((5..7).contains(&s.additive_operator(5, &mut rng)));
+            }
+            // A symbol left out has weight 0: its cumulative step is flat.
+            for (v, &was_seen) in seen.iter().enumerate() {
+                let below = if v == 0 { 0.0 } else { values[v - 1] };
+                assert!(
+                    !was_seen || values[v] > below,
+                    "value {v} drawn with weight 0"
+                );
+            }
+            without_zero += u32::from(values[0] == 0.0);
+            only_times += u32::from(operators[1] == 0.0);
+        }
+        // Each value is left out half the time (slightly less: one stays);
+        // `*` alone is (1/8) / (7/8) of the rows, plus the rows where all
+        // three were left out and `*` was the one kept back (1/8 * 1/3).
+        let share = |n: u32| f64::from(n) / f64::from(rows);
+        assert!(
+            (share(without_zero) - 0.5).abs() < 0.05,
+            "{}",
+            share(without_zero)
+        );
+        assert!(
+            (share(only_times) - 1.0 / 6.0).abs() < 0.04,
+            "{}",
+            share(only_times)
+        );
+    }
+
+    #[test]
+    fn no_drop_keeps_the_flat_dirichlets_stream() {
+        let mut a = ChaCha20Rng::seed_from_u64(12);
+        let mut b = ChaCha20Rng::seed_from_u64(12);
+        for k in 1..6 {
+            let draws: Vec<f64> = (0..k).map(|_| -(1.0 - b.random::<f64>()).ln()).collect();
+            let total: f64 = draws.iter().sum();
+            let c = cumulative_dirichlet(k, 0.0, &mut a);
+            assert!((c[0] - draws[0] / total).abs() < 1e-15);
+        }
+        assert_eq!(a.random::<u64>(), b.random::<u64>());
     }
 }

@@ -185,11 +185,12 @@ impl Task {
         self.modulus().is_some()
     }
 
-    /// The frequencies of a skewed row of this task (see [`super::skew`]);
-    /// uniform for a task without values to skew.
-    pub fn skewed_symbols(self, rng: &mut ChaCha20Rng) -> Symbols {
+    /// The frequencies of a skewed row of this task, each symbol left out
+    /// with probability `drop` (see [`super::skew`]); uniform for a task
+    /// without values to skew.
+    pub fn skewed_symbols(self, drop: f64, rng: &mut ChaCha20Rng) -> Symbols {
         match self.modulus() {
-            Some(m) => Symbols::skewed(m, rng),
+            Some(m) => Symbols::skewed(m, drop, rng),
             None => Symbols::Uniform,
         }
     }
@@ -322,6 +323,28 @@ impl Task {
                 break;
             }
             ex = self.generate_from(n, symbols, rng);
+        }
+        ex
+    }
+
+    /// A skewed training row of size `n` whose symbols are left out with
+    /// probability `drop` ([`Task::skewed_symbols`]), outside the held-out
+    /// half. With `drop > 0` a draw in the held-out half is redrawn with
+    /// new frequencies too: a row left with one value and one operator has
+    /// one instance of its size, which new symbols alone never move.
+    /// Without it, the draws are exactly those of [`Task::sample_from`].
+    pub fn sample_skewed(self, n: usize, drop: f64, rng: &mut ChaCha20Rng) -> Example {
+        let symbols = self.skewed_symbols(drop, rng);
+        if drop == 0.0 {
+            return self.sample_from(n, false, &symbols, rng);
+        }
+        let mut ex = self.generate_from(n, &symbols, rng);
+        for _ in 1..MAX_TRIES {
+            if !is_eval_instance(&ex.tokens) {
+                break;
+            }
+            let symbols = self.skewed_symbols(drop, rng);
+            ex = self.generate_from(n, &symbols, rng);
         }
         ex
     }
