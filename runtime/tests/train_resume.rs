@@ -59,6 +59,7 @@ fn run_config(steps: u64) -> RunConfig {
         log_every: 1,
         checkpoint_every: 0,
         keep: 2,
+        keep_at: Vec::new(),
         ema: None,
     }
 }
@@ -270,7 +271,7 @@ fn a_weight_average_resumes_bit_identically_and_leaves_training_alone() {
     let (e, mut t) = state(&cfg, 20);
     t.run = ema_config(25);
     let root = dir.path().join("lost").join("checkpoints");
-    checkpoint::save(&root, &cfg, &e, None, &t, 1).unwrap();
+    checkpoint::save(&root, &cfg, &e, None, &t, 1, &[]).unwrap();
     let err = checkpoint::find(&root).unwrap_err().to_string();
     assert!(err.contains("--ema") && err.contains("ema/"), "{err}");
 }
@@ -369,7 +370,7 @@ fn checkpoints_are_atomic_and_only_the_last_k_are_kept() {
     std::fs::create_dir_all(root.join(".tmp-step-00000009")).unwrap();
     for step in 1..=5 {
         let (e, t) = state(&cfg, step);
-        let out = checkpoint::save(&root, &cfg, &e, None, &t, 2).unwrap();
+        let out = checkpoint::save(&root, &cfg, &e, None, &t, 2, &[]).unwrap();
         assert_eq!(out, root.join(checkpoint::step_dir_name(step)));
     }
     let kept: Vec<u64> = checkpoint::list(&root)
@@ -410,6 +411,50 @@ fn checkpoints_are_atomic_and_only_the_last_k_are_kept() {
     // The weights are an official-layout checkpoint on their own.
     let (_, w) = stepgraph::mamba3::checkpoint::load::<f32>(&latest).unwrap();
     assert_eq!(w, want_e.weights);
+}
+
+#[test]
+fn kept_steps_are_saved_and_outlive_the_newest_k() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("checkpoints");
+    let cfg = Mamba3Config {
+        vocab_size: 4,
+        n_layer: 1,
+        ..Mamba3Config::tiny()
+    };
+    for step in 1..=6 {
+        let (e, t) = state(&cfg, step);
+        checkpoint::save(&root, &cfg, &e, None, &t, 2, &[2]).unwrap();
+    }
+    let steps = |root: &Path| -> Vec<u64> {
+        checkpoint::list(root)
+            .unwrap()
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect()
+    };
+    assert_eq!(steps(&root), vec![2, 5, 6], "step 2 pinned, not counted");
+    // A run saves the steps of --keep-at without --checkpoint-every, keeps
+    // them past --keep 1, and a resume may add one.
+    let run = dir.path().join("run");
+    let stop = Stop::new();
+    let opts = TrainOptions {
+        run: RunConfig {
+            keep: 1,
+            keep_at: vec![3],
+            ..run_config(8)
+        },
+        stop_after: Some(5),
+        ..options(&run, 8)
+    };
+    train(&opts, &stop).unwrap();
+    let typed = RunConfig {
+        keep_at: vec![3, 7],
+        ..run_config(8)
+    };
+    let done = train(&resume(&run, typed, vec![Setting::KeepAt]), &stop).unwrap();
+    assert_eq!(done.status, RunStatus::Finished);
+    assert_eq!(steps(&run.join("checkpoints")), vec![3, 7, 8]);
 }
 
 #[test]

@@ -462,6 +462,15 @@ impl Recipe {
             log_every: self.steps,
             checkpoint_every: 0,
             keep: 1,
+            // The weights where the curriculum ends, beside the final ones:
+            // whether a run's rotations are exact there or become so later
+            // decides which lever can fix a seed (STATE-TRACKING.md, round
+            // 22), and only a kept checkpoint can be read after the run.
+            keep_at: if self.curriculum > 0 && self.curriculum < self.steps {
+                vec![self.curriculum]
+            } else {
+                Vec::new()
+            },
             ema: self.ema,
         }
     }
@@ -583,6 +592,7 @@ mod tests {
         for rotation in ROTATIONS {
             let run = r.run(rotation, 1, Precision::F32, Device::Cpu, false);
             validate(&run).unwrap();
+            assert_eq!(run.keep_at, vec![7], "the curriculum's end is kept");
             assert_eq!(run.model.dt_init, r.dt_init, "the run takes the range");
             assert!(
                 matches!(

@@ -174,7 +174,8 @@ fn ema_files() -> [String; 2] {
 
 /// Writes one checkpoint atomically under `root` (with the weight average
 /// `ema` in [`EMA_DIR`], when the run keeps one) and prunes the checkpoints
-/// up to its step to the newest `keep` (at least 1). Returns its directory.
+/// up to its step to the newest `keep` (at least 1), never one of a step in
+/// `pinned` (`--keep-at`). Returns its directory.
 pub fn save(
     root: &Path,
     cfg: &Mamba3Config,
@@ -182,6 +183,7 @@ pub fn save(
     ema: Option<&Weights<f32>>,
     train: &TrainState,
     keep: usize,
+    pinned: &[u64],
 ) -> Result<PathBuf, TrainError> {
     fs::create_dir_all(root).map_err(TrainError::io(root))?;
     let name = step_dir_name(train.step);
@@ -229,7 +231,7 @@ pub fn save(
     }
     fs::rename(&tmp, &dest).map_err(TrainError::io(&dest))?;
     sync_path(root)?;
-    prune(root, keep, train.step)?;
+    prune(root, keep, pinned, train.step)?;
     Ok(dest)
 }
 
@@ -252,11 +254,12 @@ pub fn list(root: &Path) -> Result<Vec<(u64, PathBuf)>, TrainError> {
 }
 
 /// Removes the oldest checkpoints at or before `step` until `keep` of them
-/// remain. Checkpoints after `step` are not this run's past: never touched.
-fn prune(root: &Path, keep: usize, step: u64) -> Result<(), TrainError> {
+/// remain, besides the `pinned` steps, which are never removed nor counted.
+/// Checkpoints after `step` are not this run's past: never touched.
+fn prune(root: &Path, keep: usize, pinned: &[u64], step: u64) -> Result<(), TrainError> {
     let past: Vec<(u64, PathBuf)> = list(root)?
         .into_iter()
-        .filter(|&(s, _)| s <= step)
+        .filter(|&(s, _)| s <= step && !pinned.contains(&s))
         .collect();
     let excess = past.len().saturating_sub(keep.max(1));
     for (_, dir) in &past[..excess] {

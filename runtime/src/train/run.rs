@@ -744,7 +744,15 @@ fn run_in(
             data_smoothed_loss: pos.smoothed_loss.filter(|_| gated).map(|l| l.to_string()),
             data_last_loss: gated.then(|| last_loss.to_string()),
         };
-        let dir = checkpoint::save(&ckpt_root, &start.cfg, &state, avg, &tstate, run.keep)?;
+        let dir = checkpoint::save(
+            &ckpt_root,
+            &start.cfg,
+            &state,
+            avg,
+            &tstate,
+            run.keep,
+            &run.keep_at,
+        )?;
         stop.checkpointed(&dir);
         Ok(dir)
     };
@@ -880,6 +888,7 @@ fn run_in(
         if at_end
             || stopping
             || (run.checkpoint_every > 0 && step.is_multiple_of(run.checkpoint_every))
+            || run.keep_at.contains(&step)
         {
             log.flush()?;
             let avg = ema.as_ref().and_then(Ema::weights);

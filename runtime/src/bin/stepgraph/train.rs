@@ -193,6 +193,11 @@ pub struct Args {
     /// Checkpoints kept (the newest ones of this run).
     #[arg(long, default_value_t = 3, value_parser = at_least_one)]
     keep: usize,
+    /// Also save the checkpoints of these steps (comma-separated) and keep
+    /// them besides the newest --keep, e.g. the end of the curriculum, to
+    /// read the run there once it has finished.
+    #[arg(long, value_delimiter = ',')]
+    keep_at: Vec<u64>,
     /// Keep an exponential moving average of the weights with this
     /// per-step decay, in [0, 1) (0: none; 0.999 averages about the last
     /// thousand steps). Every evaluation also scores the average, and
@@ -401,6 +406,7 @@ fn run_config(a: &Args) -> RunConfig {
         log_every: a.log_every,
         checkpoint_every: a.checkpoint_every,
         keep: a.keep,
+        keep_at: a.keep_at.clone(),
         ema: (a.ema > 0.0).then_some(a.ema),
     }
 }

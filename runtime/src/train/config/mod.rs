@@ -329,6 +329,11 @@ pub struct RunConfig {
     pub checkpoint_every: u64,
     /// Checkpoints kept (at least 1).
     pub keep: usize,
+    /// Steps whose checkpoints are saved and kept besides the newest `keep`
+    /// (`--keep-at`): a run's state at a point of interest, such as the
+    /// end of its curriculum, for analysis after it has finished.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keep_at: Vec<u64>,
     /// Per-step decay of an exponential moving average of the weights
     /// (`--ema`; `None`: none kept). The average never feeds the training
     /// step: each evaluation scores it beside the trained weights, and
@@ -766,6 +771,7 @@ mod tests {
             log_every: 5,
             checkpoint_every: 0,
             keep: 1,
+            keep_at: Vec::new(),
             ema: None,
         }
     }

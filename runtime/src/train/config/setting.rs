@@ -54,6 +54,7 @@ pub enum Setting {
     LogEvery,
     CheckpointEvery,
     Keep,
+    KeepAt,
     Ema,
 }
 
@@ -76,7 +77,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 43] = [
+    pub const ALL: [Setting; 44] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -119,6 +120,7 @@ impl Setting {
         Self::LogEvery,
         Self::CheckpointEvery,
         Self::Keep,
+        Self::KeepAt,
         Self::Ema,
     ];
 
@@ -167,6 +169,7 @@ impl Setting {
             Self::LogEvery => "--log-every",
             Self::CheckpointEvery => "--checkpoint-every",
             Self::Keep => "--keep",
+            Self::KeepAt => "--keep-at",
             Self::Ema => "--ema",
         }
     }
@@ -183,6 +186,7 @@ impl Setting {
                 | Self::LogEvery
                 | Self::CheckpointEvery
                 | Self::Keep
+                | Self::KeepAt
                 | Self::Device
                 | Self::Data
         )
@@ -283,6 +287,10 @@ impl Setting {
             (Self::LogEvery, _) => with(cfg.log_every.to_string()),
             (Self::CheckpointEvery, _) => with(cfg.checkpoint_every.to_string()),
             (Self::Keep, _) => with(cfg.keep.to_string()),
+            (Self::KeepAt, _) => (!cfg.keep_at.is_empty()).then(|| {
+                let steps: Vec<String> = cfg.keep_at.iter().map(u64::to_string).collect();
+                format!("{flag} {}", steps.join(","))
+            }),
             (Self::Ema, _) => with(cfg.ema.map_or_else(|| "0".into(), |d| d.to_string())),
         }
     }
@@ -296,6 +304,7 @@ impl Setting {
             Self::LogEvery => to.log_every = from.log_every,
             Self::CheckpointEvery => to.checkpoint_every = from.checkpoint_every,
             Self::Keep => to.keep = from.keep,
+            Self::KeepAt => to.keep_at.clone_from(&from.keep_at),
             Self::Device => to.device = from.device,
             Self::Data => {
                 if let (DataSpec::File { path: new, .. }, DataSpec::File { path, .. }) =
