@@ -69,6 +69,7 @@ fn parity(n: usize, rows: usize, seed: u64) -> (Vec<Batch>, usize) {
         train_min_len: 0,
         skewed_rows: 0.0,
         skew_drop: 0.0,
+        eval_mix: None,
     };
     let mut data = Dataset::new(&spec, seed, rows).expect("dataset");
     let width = data.train_width();

@@ -79,8 +79,11 @@ fn the_quick_table_runs_end_to_end_on_the_cpu() {
         .find(|l| l.starts_with("| modarith-prec-data-s0 |"))
         .unwrap_or_else(|| panic!("no arithmetic run line in\n{md}"));
     let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
-    assert_eq!(cells.len(), 14, "{line}");
-    let dts: Vec<f64> = cells[11]
+    assert_eq!(cells.len(), 15, "{line}");
+    // The sources' mixed sizes, scored beside the reported size.
+    assert!(cells[6].parse::<f64>().is_ok(), "{line}");
+    assert!(md.contains("sources' validation protocol"), "{md}");
+    let dts: Vec<f64> = cells[12]
         .split(" / ")
         .map(|v| v.parse().unwrap_or_else(|_| panic!("dt `{v}` in {line}")))
         .collect();
@@ -89,10 +92,10 @@ fn the_quick_table_runs_end_to_end_on_the_cpu() {
     // Then when it cleared chance at its training size (a step, or never)
     // and how often it fell back.
     assert!(
-        cells[12] == "never" || cells[12].parse::<u64>().is_ok(),
+        cells[13] == "never" || cells[13].parse::<u64>().is_ok(),
         "{line}"
     );
-    assert!(cells[13].parse::<usize>().is_ok(), "{line}");
+    assert!(cells[14].parse::<usize>().is_ok(), "{line}");
 }
 
 #[test]
@@ -111,7 +114,9 @@ fn the_bracketed_column_without_times_runs_beside_the_papers_number() {
         stdout.contains("| model | Arith w/ brackets | Arith w/ brackets, + - only |"),
         "{stdout}"
     );
-    assert_eq!(stdout.matches("(paper 87.75)").count(), 2, "{stdout}");
+    // Beside both readings: the table at the reported size and on the
+    // sources' mixed sizes.
+    assert_eq!(stdout.matches("(paper 87.75)").count(), 4, "{stdout}");
     let t = dir.path().join("table");
     for f in [
         "accuracy-modarith-brackets-nomult.svg",

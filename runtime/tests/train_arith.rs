@@ -257,6 +257,7 @@ fn held_out_sets_are_disjoint_from_training() {
             train_min_len: 0,
             skewed_rows: 0.0,
             skew_drop: 0.0,
+            eval_mix: None,
         };
         let mut data = Dataset::new(&spec, 5, 32).unwrap();
         let eval: HashSet<Vec<u32>> = data
@@ -444,6 +445,7 @@ fn skewed_training_rows_leave_the_eval_sets_alone() {
             train_min_len: 0,
             skewed_rows,
             skew_drop,
+            eval_mix: None,
         };
         let rows = |d: &Dataset| -> Vec<Vec<u32>> {
             d.eval_sets()
@@ -508,6 +510,7 @@ fn skewed_rows_wait_for_the_curriculums_end() {
         train_min_len: 0,
         skewed_rows,
         skew_drop: 0.0,
+        eval_mix: None,
     };
     let mut plain = Dataset::new(&spec(0.0), 8, 16).unwrap();
     let mut skewed = Dataset::new(&spec(1.0), 8, 16).unwrap();

@@ -110,6 +110,7 @@ fn task_spec(task: Task, train_len: usize, eval_lens: Vec<usize>) -> DataSpec {
         train_min_len: 0,
         skewed_rows: 0.0,
         skew_drop: 0.0,
+        eval_mix: None,
     }
 }
 
@@ -385,4 +386,67 @@ fn a_file_truncated_under_a_run_is_an_error_not_a_panic() {
     std::fs::write(&path, [0u8; 10]).unwrap();
     let err = data.next_batch(64).err().unwrap();
     assert!(matches!(err, TrainError::DataRead { .. }), "{err}");
+}
+
+#[test]
+fn the_mixed_eval_set_spans_its_sizes_and_leaves_the_others_alone() {
+    for (task, lo, hi) in [
+        (Task::ModarithPrec, 20, 128),
+        (Task::Parity, 40, 256),
+        (Task::ModarithBrackets, 40, 256),
+    ] {
+        let plain = task_spec(task, lo, vec![lo, hi]);
+        let DataSpec::Task {
+            task,
+            train_len,
+            eval_lens,
+            ..
+        } = plain.clone()
+        else {
+            unreachable!("a task spec")
+        };
+        let mixed = DataSpec::Task {
+            task,
+            train_len,
+            eval_lens,
+            curriculum: 0,
+            curriculum_gate: 0.0,
+            curriculum_start: 0,
+            train_min_len: 0,
+            skewed_rows: 0.0,
+            skew_drop: 0.0,
+            eval_mix: Some([lo, hi]),
+        };
+        let a = Dataset::new(&plain, 3, 64).unwrap();
+        let b = Dataset::new(&mixed, 3, 64).unwrap();
+        let (sets_a, sets_b) = (a.eval_sets(), b.eval_sets());
+        assert_eq!(sets_b.len(), sets_a.len() + 1, "{task:?}");
+        for (x, y) in sets_a.iter().zip(sets_b) {
+            assert_eq!(x.batches, y.batches, "{task:?}: {} changed", x.label);
+        }
+        let mix = sets_b.last().unwrap();
+        assert_eq!(
+            (mix.label.as_str(), mix.length),
+            (format!("mix {lo}-{hi}").as_str(), None)
+        );
+        let width = task.width(hi);
+        let mut lens = HashSet::new();
+        for batch in &mix.batches {
+            assert_eq!(batch.width, width, "{task:?}: padded to the largest size");
+            for row in batch.tokens.chunks(batch.width) {
+                let inst: Vec<u32> = row.iter().copied().filter(|&t| t != task.pad()).collect();
+                assert!(
+                    is_eval_instance(&inst),
+                    "{task:?}: a training row in the eval set"
+                );
+                assert!(
+                    inst.len() >= task.width(lo) && inst.len() <= width,
+                    "{task:?}"
+                );
+                lens.insert(inst.len());
+            }
+        }
+        // 256 rows over about a hundred sizes: many distinct lengths.
+        assert!(lens.len() > 40, "{task:?}: {} lengths", lens.len());
+    }
 }

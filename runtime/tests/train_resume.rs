@@ -28,6 +28,7 @@ fn run_config(steps: u64) -> RunConfig {
             train_min_len: 0,
             skewed_rows: 0.0,
             skew_drop: 0.0,
+            eval_mix: None,
         },
         model: ModelSize {
             d_model: 8,
@@ -186,6 +187,7 @@ fn gated_config(steps: u64) -> RunConfig {
         train_min_len: 0,
         skewed_rows: 0.0,
         skew_drop: 0.0,
+        eval_mix: None,
     };
     cfg
 }
@@ -311,6 +313,7 @@ fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
         train_min_len: 0,
         skewed_rows: 0.0,
         skew_drop: 0.0,
+        eval_mix: None,
     };
     refused(typed, Setting::TrainLen);
     let mut typed = run_config(4);

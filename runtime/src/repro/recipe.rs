@@ -112,6 +112,10 @@ pub struct Recipe {
     pub warmup: u64,
     /// Evaluation (and dynamics probe) cadence.
     pub eval_every: u64,
+    /// Smallest size of the mixed eval set, whose rows draw their size
+    /// from here to `eval_len` (`stepgraph train --eval-mix`): rows of 40
+    /// tokens, the shortest of the sources' validation protocol (40-256).
+    pub mix_from: usize,
     /// The initial `dt` range (the official 0.001-0.1 unless overridden).
     pub dt_init: DtInit,
     /// Per-step decay of the weight average whose scores the table
@@ -170,6 +174,7 @@ fn arithmetic(task: Task) -> Recipe {
         headdim: 16,
         train_len: 160,
         eval_len: 256,
+        mix_from: 40,
         curriculum: 24_000,
         curriculum_gate: 0.0,
         curriculum_start: 40,
@@ -211,6 +216,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             headdim: 16,
             train_len: 160,
             eval_len: 256,
+            mix_from: 40,
             curriculum: 5000,
             curriculum_gate: 0.0,
             curriculum_start: 0,
@@ -236,6 +242,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
         Task::ModarithPrec | Task::Modarith => Recipe {
             train_len: 80,
             eval_len: 128,
+            mix_from: 20,
             curriculum_start: 20,
             skewed_rows: 0.5,
             ..arithmetic(task)
@@ -257,6 +264,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
         headdim: 8,
         train_len: 4,
         eval_len: 8,
+        mix_from: 4,
         curriculum: 0,
         curriculum_start: 0,
         steps: 4,
@@ -415,6 +423,7 @@ impl Recipe {
                 train_min_len: self.train_min_len,
                 skewed_rows: self.skewed_rows,
                 skew_drop: self.skew_drop,
+                eval_mix: Some([self.mix_from, self.eval_len]),
             },
             model: ModelSize {
                 d_model: self.d_model,

@@ -33,15 +33,47 @@ pub struct Cell {
     pub n: usize,
 }
 
+/// Which accuracy a table reads from a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// Rows of exactly the reported size (the paper's "at 256").
+    Size,
+    /// The mixed set of sizes from the recipe's `mix_from` to the reported
+    /// one (the sources' validation protocol, rows of 40-256 tokens).
+    Mix,
+}
+
+impl Reading {
+    /// A run's scaled accuracy (%) as this reading takes it.
+    pub fn scaled(self, r: &RunResult, quick: bool) -> Option<f64> {
+        let rc = recipe(r.job.task, quick);
+        match self {
+            Self::Size => r.scaled_at(rc.eval_len),
+            Self::Mix => r.scaled_mix(rc.mix_from, rc.eval_len),
+        }
+    }
+}
+
 /// The cell of `(task, rotation)` over the finished runs' scaled accuracy
 /// at the reported length; `None` when no run finished.
 pub fn cell(results: &[RunResult], task: Task, rotation: Rotation, quick: bool) -> Option<Cell> {
-    let len = recipe(task, quick).eval_len;
+    cell_of(results, task, rotation, quick, Reading::Size)
+}
+
+/// [`cell`] as `reading` takes each run's accuracy; `None` when no finished
+/// run has one.
+pub fn cell_of(
+    results: &[RunResult],
+    task: Task,
+    rotation: Rotation,
+    quick: bool,
+    reading: Reading,
+) -> Option<Cell> {
     let v: Vec<f64> = results
         .iter()
         .filter(|r| r.job.task == task && r.job.rotation == rotation)
         .filter(|r| r.outcome == Outcome::Finished)
-        .filter_map(|r| r.scaled_at(len))
+        .filter_map(|r| reading.scaled(r, quick))
         .collect();
     let n = v.len();
     (n > 0).then(|| Cell {
@@ -53,13 +85,45 @@ pub fn cell(results: &[RunResult], task: Task, rotation: Rotation, quick: bool) 
 }
 
 /// The table as markdown: one row per rotation mode, one column per task,
-/// `mean [min, max]` of the scaled accuracy beside the paper's number.
+/// `mean [min, max]` of the scaled accuracy beside the paper's number; then
+/// the same cells on the sources' mixed sizes, where any run has them.
 pub fn table(
     results: &[RunResult],
     tasks: &[Task],
     rotations: &[Rotation],
     seeds: usize,
     quick: bool,
+) -> String {
+    let mut out = table_of(results, tasks, rotations, seeds, quick, Reading::Size);
+    let any_mix = results
+        .iter()
+        .any(|r| Reading::Mix.scaled(r, quick).is_some());
+    if any_mix {
+        out.push_str(
+            "
+The same runs on the sources' validation protocol (one accuracy over rows of \
+             every size from 40 tokens to the reported one; the paper does not say which \
+             reading its table uses):\n\n",
+        );
+        out.push_str(&table_of(
+            results,
+            tasks,
+            rotations,
+            seeds,
+            quick,
+            Reading::Mix,
+        ));
+    }
+    out
+}
+
+fn table_of(
+    results: &[RunResult],
+    tasks: &[Task],
+    rotations: &[Rotation],
+    seeds: usize,
+    quick: bool,
+    reading: Reading,
 ) -> String {
     let mut out = String::from("| model |");
     for &t in tasks {
@@ -71,7 +135,7 @@ pub fn table(
     for &r in rotations {
         let _ = write!(out, "| {} |", row(r));
         for &t in tasks {
-            let ours = cell(results, t, r, quick).map_or_else(
+            let ours = cell_of(results, t, r, quick, reading).map_or_else(
                 || "n/a".to_owned(),
                 |c| {
                     let partial = if c.n < seeds {
@@ -140,10 +204,10 @@ fn scaled_report(r: &RunResult, len: usize) -> String {
 pub fn runs_table(results: &[RunResult], quick: bool) -> String {
     let mut out = String::from(
         "| run | outcome | steps | wall s | scaled acc @train | scaled acc @report | \
-         loss @train | last train loss | retention (best head, per layer) | \
+         scaled acc @mix | loss @train | last train loss | retention (best head, per layer) | \
          lattice error rad (per layer) | max angle step /pi | mean dt (per layer) | \
          started @step | relapses |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         let rc = recipe(r.job.task, quick);
@@ -162,14 +226,15 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {outcome} | {}/{} | {:.1} | {} | {} | {loss_train} | {} | {} | {} | {} | {} | \
-             {started} | {relapses} |",
+            "| {} | {outcome} | {}/{} | {:.1} | {} | {} | {} | {loss_train} | {} | {} | {} | {} | \
+             {} | {started} | {relapses} |",
             r.job.name(),
             r.steps,
             r.total_steps,
             r.wall.as_secs_f64(),
             pct(r.scaled_at(rc.train_len)),
             scaled_report(r, rc.eval_len),
+            pct(Reading::Mix.scaled(r, quick)),
             r.last_loss
                 .map_or_else(|| "-".into(), |l| format!("{l:.4}")),
             per_layer(r, |l| format!("{:.3}", l.retention_best)),
@@ -214,6 +279,8 @@ pub fn result_json(r: &RunResult, quick: bool) -> Value {
         "scaled_accuracy_train": r.scaled_at(rc.train_len),
         "scaled_accuracy_report": r.scaled_at(rc.eval_len),
         "scaled_accuracy_report_trained": r.scaled_trained_at(rc.eval_len),
+        "mix_sizes": [rc.mix_from, rc.eval_len],
+        "scaled_accuracy_mix": Reading::Mix.scaled(r, quick),
         "eval": scores_json(&r.eval),
         "eval_ema": (!r.eval_ema.is_empty()).then(|| scores_json(&r.eval_ema)),
         "last_train_loss": r.last_loss,
@@ -246,11 +313,18 @@ pub fn table_json(
         .flat_map(|&r| tasks.iter().map(move |&t| (t, r)))
         .map(|(t, r)| {
             let c = cell(results, t, r, quick);
+            let m = cell_of(results, t, r, quick, Reading::Mix);
+            let rc = recipe(t, quick);
             json!({
                 "task": t.name(), "rotation": r.name(), "model": row(r), "column": column(t),
-                "report_len": recipe(t, quick).eval_len,
+                "report_len": rc.eval_len,
                 "mean": c.map(|c| c.mean), "min": c.map(|c| c.min), "max": c.map(|c| c.max),
                 "runs": c.map_or(0, |c| c.n), "paper": paper(t, r),
+                "mix": {
+                    "sizes": [rc.mix_from, rc.eval_len],
+                    "mean": m.map(|c| c.mean), "min": m.map(|c| c.min), "max": m.map(|c| c.max),
+                    "runs": m.map_or(0, |c| c.n),
+                },
             })
         })
         .collect();

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::recipe::{Overrides, Recipe, recipe_with};
 use crate::Precision;
-use crate::train::data::Task;
+use crate::train::data::{Task, mix_label};
 use crate::train::dynamics::Dynamics;
 use crate::train::report::{EvalResult, ProgressMode};
 use crate::train::{Device, Resume, Rotation, RunStatus, Setting, Stop, TrainOptions, train};
@@ -117,6 +117,22 @@ impl RunResult {
         scores
             .iter()
             .find(|r| r.length == Some(len))
+            .map(|r| 100.0 * self.job.task.scaled_accuracy(r.accuracy))
+    }
+
+    /// The run's scaled accuracy (%) on its mixed eval set of sizes
+    /// `lo..=hi` (`--eval-mix`), weights as [`Self::scaled_at`]; `None` for
+    /// a run without one (tables written before it).
+    pub fn scaled_mix(&self, lo: usize, hi: usize) -> Option<f64> {
+        let scores = if self.eval_ema.is_empty() {
+            &self.eval
+        } else {
+            &self.eval_ema
+        };
+        let label = mix_label(lo, hi);
+        scores
+            .iter()
+            .find(|r| r.label == label)
             .map(|r| 100.0 * self.job.task.scaled_accuracy(r.accuracy))
     }
 }

@@ -443,6 +443,7 @@ mod tests {
             train_min_len: 0,
             skewed_rows: 0.0,
             skew_drop: 0.0,
+            eval_mix: None,
         };
         Dataset::new(&spec, 0, rows)
             .unwrap()

@@ -539,8 +539,9 @@ fn evaluate_weights(
     Ok((scores.len() == sets.len()).then_some(scores))
 }
 
-/// Probes the model's dynamics on the longest eval set of a task run and
-/// logs them (see [`super::dynamics`]); `None` for a file run.
+/// Probes the model's dynamics on the last eval set of one size of a task
+/// run (the longest, as the recipes list them) and logs them (see
+/// [`super::dynamics`]); `None` for a file run.
 fn log_dynamics(
     engine: &mut dyn TrainEngine,
     cfg: &Mamba3Config,
@@ -548,7 +549,8 @@ fn log_dynamics(
     step: u64,
     log: &mut MetricsLog,
 ) -> Result<Option<Dynamics>, TrainError> {
-    let (Some(task), Some(set)) = (data.task(), data.eval_sets().last()) else {
+    let longest = data.eval_sets().iter().rev().find(|s| s.length.is_some());
+    let (Some(task), Some(set)) = (data.task(), longest) else {
         return Ok(None);
     };
     let Some(batch) = set.batches.first() else {

@@ -22,6 +22,19 @@ pub fn at_least_one_u64(s: &str) -> Result<u64, String> {
     }
 }
 
+/// A range of sizes `LO-HI` with `LO <= HI`.
+pub fn size_range(s: &str) -> Result<[usize; 2], String> {
+    let (lo, hi) = s
+        .split_once('-')
+        .ok_or_else(|| "must be a range LO-HI, e.g. 20-128".to_owned())?;
+    let n = |v: &str| v.trim().parse::<usize>().map_err(|e| format!("{v:?}: {e}"));
+    let (lo, hi) = (n(lo)?, n(hi)?);
+    if lo > hi {
+        return Err(format!("{lo} is above {hi}: LO-HI needs LO <= HI"));
+    }
+    Ok([lo, hi])
+}
+
 fn float(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .parse()
@@ -105,5 +118,10 @@ mod tests {
             Err("must lie strictly between 0 and 1".into())
         );
         assert_eq!(open_fraction("0.1"), Ok(0.1));
+        assert_eq!(size_range("20-128"), Ok([20, 128]));
+        assert_eq!(size_range("7-7"), Ok([7, 7]));
+        for bad in ["128-20", "20", "a-5", "-5", "5-"] {
+            assert!(size_range(bad).is_err(), "{bad}");
+        }
     }
 }

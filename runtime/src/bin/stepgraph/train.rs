@@ -42,6 +42,11 @@ pub struct Args {
     /// (those within the task's range).
     #[arg(long, value_delimiter = ',', conflicts_with = "data")]
     eval_lens: Vec<usize>,
+    /// Also evaluate one set whose rows draw their size uniformly from
+    /// LO..=HI (e.g. 20-128): the sources' validation protocol, one
+    /// accuracy over rows of many lengths, beside the sets of one size.
+    #[arg(long, value_name = "LO-HI", value_parser = crate::parse::size_range, conflicts_with = "data")]
+    eval_mix: Option<[usize; 2]>,
     /// Grow the largest training size linearly from the task's minimum (or
     /// --curriculum-start) to --train-len over this many steps (0: all
     /// sizes from the start).
@@ -360,6 +365,7 @@ fn run_config(a: &Args) -> RunConfig {
             train_min_len: a.train_min_len,
             skewed_rows: a.skewed_rows,
             skew_drop: a.skew_drop,
+            eval_mix: a.eval_mix,
         },
     };
     RunConfig {

@@ -435,7 +435,21 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
             train_min_len,
             skewed_rows,
             skew_drop,
+            eval_mix,
         } => {
+            if let Some([lo, hi]) = *eval_mix
+                && (lo > hi || lo < task.min_len() || hi > task.max_len())
+            {
+                return Err(invalid(
+                    "--eval-mix",
+                    format!(
+                        "{lo}-{hi} is not a range LO-HI (LO <= HI) inside {}..={} for task {}",
+                        task.min_len(),
+                        task.max_len(),
+                        task.name()
+                    ),
+                ));
+            }
             if !(0.0..1.0).contains(skew_drop) {
                 return Err(invalid(
                     "--skew-drop",
@@ -740,6 +754,7 @@ mod tests {
                 train_min_len: 0,
                 skewed_rows: 0.0,
                 skew_drop: 0.0,
+                eval_mix: None,
             },
             model: super::ModelSize {
                 d_model: 8,
@@ -822,6 +837,7 @@ mod tests {
                 train_min_len: 0,
                 skewed_rows,
                 skew_drop,
+                eval_mix: None,
             },
             ..a_run()
         };
@@ -850,6 +866,33 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("--skew-drop"), "{rows} {drop}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_mixed_eval_set_must_lie_inside_the_tasks_sizes() {
+        use crate::train::data::{DataSpec, Task};
+        let with = |eval_mix| super::RunConfig {
+            data: DataSpec::Task {
+                task: Task::ModarithPrec,
+                train_len: 8,
+                eval_lens: vec![8],
+                curriculum: 0,
+                curriculum_gate: 0.0,
+                curriculum_start: 0,
+                train_min_len: 0,
+                skewed_rows: 0.0,
+                skew_drop: 0.0,
+                eval_mix,
+            },
+            ..a_run()
+        };
+        super::validate(&with(Some([2, 16]))).unwrap();
+        super::validate(&with(None)).unwrap();
+        let too_big = Task::ModarithPrec.max_len() + 1;
+        for bad in [[16, 2], [0, 8], [2, too_big]] {
+            let err = super::validate(&with(Some(bad))).unwrap_err().to_string();
+            assert!(err.contains("--eval-mix"), "{bad:?}: {err}");
         }
     }
 

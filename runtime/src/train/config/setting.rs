@@ -21,6 +21,7 @@ pub enum Setting {
     TrainMinLen,
     SkewedRows,
     SkewDrop,
+    EvalMix,
     Data,
     DataFormat,
     VocabSize,
@@ -77,7 +78,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 44] = [
+    pub const ALL: [Setting; 45] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -87,6 +88,7 @@ impl Setting {
         Self::TrainMinLen,
         Self::SkewedRows,
         Self::SkewDrop,
+        Self::EvalMix,
         Self::Data,
         Self::DataFormat,
         Self::VocabSize,
@@ -136,6 +138,7 @@ impl Setting {
             Self::TrainMinLen => "--train-min-len",
             Self::SkewedRows => "--skewed-rows",
             Self::SkewDrop => "--skew-drop",
+            Self::EvalMix => "--eval-mix",
             Self::Data => "--data",
             Self::DataFormat => "--data-format",
             Self::VocabSize => "--vocab-size",
@@ -175,8 +178,9 @@ impl Setting {
     }
 
     /// Whether a resume may change it. The total step count (to extend a
-    /// run), the reporting and checkpoint cadence and the device do not
-    /// change what a step computes on one engine; `--data` may name a moved
+    /// run), the reporting and checkpoint cadence, the mixed eval set (its
+    /// own draws, after the other sets') and the device do not change what
+    /// a step computes on one engine; `--data` may name a moved
     /// file, whose contents must still match the run's fingerprint.
     pub fn may_change(self) -> bool {
         matches!(
@@ -187,6 +191,7 @@ impl Setting {
                 | Self::CheckpointEvery
                 | Self::Keep
                 | Self::KeepAt
+                | Self::EvalMix
                 | Self::Device
                 | Self::Data
         )
@@ -228,6 +233,9 @@ impl Setting {
             }
             (Self::SkewedRows, DataSpec::Task { skewed_rows, .. }) => with(skewed_rows.to_string()),
             (Self::SkewDrop, DataSpec::Task { skew_drop, .. }) => with(skew_drop.to_string()),
+            (Self::EvalMix, DataSpec::Task { eval_mix, .. }) => {
+                eval_mix.and_then(|[lo, hi]| with(format!("{lo}-{hi}")))
+            }
             (Self::Data, DataSpec::File { path, .. }) => with(path.display().to_string()),
             (Self::DataFormat, DataSpec::File { format, .. }) => with(format.name().into()),
             (Self::VocabSize, DataSpec::File { vocab_size, .. }) => {
@@ -246,7 +254,8 @@ impl Setting {
                 | Self::CurriculumStart
                 | Self::TrainMinLen
                 | Self::SkewedRows
-                | Self::SkewDrop,
+                | Self::SkewDrop
+                | Self::EvalMix,
                 DataSpec::File { .. },
             )
             | (
@@ -305,6 +314,13 @@ impl Setting {
             Self::CheckpointEvery => to.checkpoint_every = from.checkpoint_every,
             Self::Keep => to.keep = from.keep,
             Self::KeepAt => to.keep_at.clone_from(&from.keep_at),
+            Self::EvalMix => {
+                if let (DataSpec::Task { eval_mix: new, .. }, DataSpec::Task { eval_mix, .. }) =
+                    (&from.data, &mut to.data)
+                {
+                    *eval_mix = *new;
+                }
+            }
             Self::Device => to.device = from.device,
             Self::Data => {
                 if let (DataSpec::File { path: new, .. }, DataSpec::File { path, .. }) =

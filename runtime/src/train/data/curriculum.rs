@@ -140,6 +140,7 @@ mod tests {
             train_min_len,
             skewed_rows: 0.0,
             skew_drop: 0.0,
+            eval_mix: None,
         };
         Dataset::new(&spec, seed, batch).unwrap()
     }

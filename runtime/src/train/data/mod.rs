@@ -154,6 +154,12 @@ pub enum DataSpec {
         /// drawn share). Only with `skewed_rows > 0`.
         #[serde(default)]
         skew_drop: f64,
+        /// One more eval set whose rows draw their size uniformly from
+        /// `lo..=hi` (`--eval-mix LO-HI`; `None`: none): the validation
+        /// protocol of the paper's sources, which score one accuracy over
+        /// rows of 40-256 tokens, beside the sets of one size each.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        eval_mix: Option<[usize; 2]>,
     },
     /// A token file.
     File {
@@ -184,8 +190,9 @@ impl DataSpec {
                 train_min_len,
                 skewed_rows,
                 skew_drop,
+                eval_mix,
             } => format!(
-                "`task {}, train_len {train_len}{}{}{}, eval {}{}{}{}`",
+                "`task {}, train_len {train_len}{}{}{}, eval {}{}{}{}{}`",
                 task.name(),
                 if *train_min_len > 0 {
                     format!(", train_min_len {train_min_len}")
@@ -207,6 +214,7 @@ impl DataSpec {
                     .map(usize::to_string)
                     .collect::<Vec<_>>()
                     .join(","),
+                eval_mix.map_or_else(String::new, |[lo, hi]| format!(", eval mix {lo}-{hi}")),
                 if *curriculum > 0 {
                     format!(", curriculum {curriculum}")
                 } else {
@@ -262,7 +270,8 @@ const GATE_SMOOTHING: f64 = 0.02;
 pub struct EvalSet {
     /// Label in eval lines and metrics (`len 64`, `held-out`).
     pub label: String,
-    /// Problem size for tasks.
+    /// Problem size of a task's set of one size (`None`: a file's set, or
+    /// the `--eval-mix` set of many sizes).
     pub length: Option<usize>,
     /// The batches, generated once.
     pub batches: Vec<Batch>,
@@ -316,13 +325,18 @@ impl Dataset {
                 train_min_len,
                 skewed_rows,
                 skew_drop,
+                eval_mix,
             } => {
                 let mut eval_rng = ChaCha20Rng::seed_from_u64(seed);
                 eval_rng.set_stream(EVAL_STREAM);
-                let eval = eval_lens
+                let mut eval: Vec<EvalSet> = eval_lens
                     .iter()
                     .map(|&n| task_eval_set(*task, n, batch, &mut eval_rng))
                     .collect();
+                // Drawn after the sets of one size, which stay as without it.
+                if let Some([lo, hi]) = *eval_mix {
+                    eval.push(task_mix_set(*task, lo, hi, batch, &mut eval_rng));
+                }
                 let source = Source::Task {
                     task: *task,
                     sizes: Curriculum {
@@ -425,7 +439,7 @@ impl Dataset {
                 },
                 self.eval
                     .iter()
-                    .filter_map(|e| e.length.map(|n| n.to_string()))
+                    .map(|e| e.length.map_or_else(|| e.label.clone(), |n| n.to_string()))
                     .collect::<Vec<_>>()
                     .join(",")
             ),
@@ -524,6 +538,31 @@ impl Dataset {
         self.rng.set_word_pos(pos.word_pos);
         self.clock = pos.clock;
         self.smoothed_loss = pos.smoothed_loss;
+    }
+}
+
+/// The label of the `--eval-mix` set over sizes `lo..=hi`.
+pub fn mix_label(lo: usize, hi: usize) -> String {
+    format!("mix {lo}-{hi}")
+}
+
+/// [`TASK_EVAL_ROWS`] held-out rows whose sizes are uniform in `lo..=hi`,
+/// padded to the width of `hi`; no single length (`length: None`).
+fn task_mix_set(task: Task, lo: usize, hi: usize, batch: usize, rng: &mut ChaCha20Rng) -> EvalSet {
+    let width = task.width(hi.clamp(task.min_len(), task.max_len()));
+    let examples: Vec<Example> = (0..TASK_EVAL_ROWS)
+        .map(|_| {
+            let n = rng.random_range(lo..=hi.max(lo));
+            task.sample(n, true, rng)
+        })
+        .collect();
+    EvalSet {
+        label: mix_label(lo, hi),
+        length: None,
+        batches: examples
+            .chunks(batch.max(1))
+            .map(|c| Batch::from_examples(c, width, task.pad()))
+            .collect(),
     }
 }
 
