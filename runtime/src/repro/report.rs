@@ -100,8 +100,7 @@ pub fn table(
         .any(|r| Reading::Mix.scaled(r, quick).is_some());
     if any_mix {
         out.push_str(
-            "
-The same runs on the sources' validation protocol (one accuracy over rows of \
+            "\nThe same runs on the sources' validation protocol (one accuracy over rows of \
              every size from 40 tokens to the reported one; the paper does not say which \
              reading its table uses):\n\n",
         );
