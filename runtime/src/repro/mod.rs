@@ -510,7 +510,7 @@ fn write_files(
         let r = recipe::recipe_with(t, opts.quick, &opts.overrides);
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
-             --eval-lens {},{} --curriculum {}{}{}{}{}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
+             --eval-lens {},{} --eval-mix {}-{} --curriculum {}{}{}{}{}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
              --dt-init {}{}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`){}, weight decay 0.1 on the \
              embedding and out_proj only (`--decay outputs`), clip 1, scan chunk {} \
              (`--chunk-size`){}\n",
@@ -521,6 +521,8 @@ fn write_files(
             r.headdim,
             r.train_len,
             r.train_len,
+            r.eval_len,
+            r.mix_from,
             r.eval_len,
             r.curriculum,
             if r.curriculum_gate > 0.0 {
