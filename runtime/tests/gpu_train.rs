@@ -70,6 +70,7 @@ fn parity(n: usize, rows: usize, seed: u64) -> (Vec<Batch>, usize) {
         skewed_rows: 0.0,
         skew_drop: 0.0,
         eval_mix: None,
+        eval_products: None,
     };
     let mut data = Dataset::new(&spec, seed, rows).expect("dataset");
     let width = data.train_width();

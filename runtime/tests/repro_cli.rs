@@ -79,11 +79,15 @@ fn the_quick_table_runs_end_to_end_on_the_cpu() {
         .find(|l| l.starts_with("| modarith-prec-data-s0 |"))
         .unwrap_or_else(|| panic!("no arithmetic run line in\n{md}"));
     let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
-    assert_eq!(cells.len(), 15, "{line}");
-    // The sources' mixed sizes, scored beside the reported size.
+    assert_eq!(cells.len(), 16, "{line}");
+    // The sources' mixed sizes, scored beside the reported size, and the
+    // zero-free products probe of the column.
     assert!(cells[6].parse::<f64>().is_ok(), "{line}");
+    assert!(cells[7].ends_with(" @8"), "{line}");
+    let probe: f64 = cells[7].trim_end_matches(" @8").parse().unwrap();
+    assert!((0.0..=100.0).contains(&probe), "{line}");
     assert!(md.contains("sources' validation protocol"), "{md}");
-    let dts: Vec<f64> = cells[12]
+    let dts: Vec<f64> = cells[13]
         .split(" / ")
         .map(|v| v.parse().unwrap_or_else(|_| panic!("dt `{v}` in {line}")))
         .collect();
@@ -92,10 +96,10 @@ fn the_quick_table_runs_end_to_end_on_the_cpu() {
     // Then when it cleared chance at its training size (a step, or never)
     // and how often it fell back.
     assert!(
-        cells[13] == "never" || cells[13].parse::<u64>().is_ok(),
+        cells[14] == "never" || cells[14].parse::<u64>().is_ok(),
         "{line}"
     );
-    assert!(cells[14].parse::<usize>().is_ok(), "{line}");
+    assert!(cells[15].parse::<usize>().is_ok(), "{line}");
 }
 
 #[test]

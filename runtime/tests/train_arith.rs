@@ -258,6 +258,7 @@ fn held_out_sets_are_disjoint_from_training() {
             skewed_rows: 0.0,
             skew_drop: 0.0,
             eval_mix: None,
+            eval_products: None,
         };
         let mut data = Dataset::new(&spec, 5, 32).unwrap();
         let eval: HashSet<Vec<u32>> = data
@@ -446,6 +447,7 @@ fn skewed_training_rows_leave_the_eval_sets_alone() {
             skewed_rows,
             skew_drop,
             eval_mix: None,
+            eval_products: None,
         };
         let rows = |d: &Dataset| -> Vec<Vec<u32>> {
             d.eval_sets()
@@ -511,6 +513,7 @@ fn skewed_rows_wait_for_the_curriculums_end() {
         skewed_rows,
         skew_drop: 0.0,
         eval_mix: None,
+        eval_products: None,
     };
     let mut plain = Dataset::new(&spec(0.0), 8, 16).unwrap();
     let mut skewed = Dataset::new(&spec(1.0), 8, 16).unwrap();
@@ -566,5 +569,52 @@ fn rows_that_leave_symbols_out_stay_out_of_the_held_out_half() {
                 task.sample_from(40, false, &symbols, &mut b)
             );
         }
+    }
+}
+
+#[test]
+fn the_products_probe_holds_zero_free_products_answered_right() {
+    for task in [Task::Modarith, Task::ModarithPrec] {
+        let spec = |eval_products| DataSpec::Task {
+            task,
+            train_len: 20,
+            eval_lens: vec![20, 40],
+            curriculum: 0,
+            curriculum_gate: 0.0,
+            curriculum_start: 0,
+            train_min_len: 0,
+            skewed_rows: 0.0,
+            skew_drop: 0.0,
+            eval_mix: Some([10, 40]),
+            eval_products,
+        };
+        let plain = Dataset::new(&spec(None), 4, 64).unwrap();
+        let probed = Dataset::new(&spec(Some(8)), 4, 64).unwrap();
+        let (a, b) = (plain.eval_sets(), probed.eval_sets());
+        assert_eq!(b.len(), a.len() + 1, "{task:?}");
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x.batches, y.batches, "{task:?}: {} changed", x.label);
+        }
+        let probe = b.last().unwrap();
+        assert_eq!((probe.label.as_str(), probe.length), ("products 8", None));
+        let mut values = HashSet::new();
+        for batch in &probe.batches {
+            assert_eq!(batch.width, task.width(8), "{task:?}");
+            for row in batch.tokens.chunks(batch.width) {
+                // 8 operands, 7 `*`, then `=` and the answer.
+                let expr = &row[..15];
+                assert!(
+                    expr.iter().skip(1).step_by(2).all(|&t| t == TIMES),
+                    "{row:?}"
+                );
+                let operands: Vec<u32> = expr.iter().copied().step_by(2).collect();
+                assert!(operands.iter().all(|&v| (1..5).contains(&v)), "{row:?}");
+                let answer = row[16];
+                assert_eq!(Some(answer), reference_answer(task, expr), "{row:?}");
+                assert_ne!(answer, 0, "a product of units is never 0");
+                values.extend(operands);
+            }
+        }
+        assert_eq!(values.len(), 4, "{task:?}: every unit appears");
     }
 }

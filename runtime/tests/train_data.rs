@@ -111,6 +111,7 @@ fn task_spec(task: Task, train_len: usize, eval_lens: Vec<usize>) -> DataSpec {
         skewed_rows: 0.0,
         skew_drop: 0.0,
         eval_mix: None,
+        eval_products: None,
     }
 }
 
@@ -416,6 +417,7 @@ fn the_mixed_eval_set_spans_its_sizes_and_leaves_the_others_alone() {
             skewed_rows: 0.0,
             skew_drop: 0.0,
             eval_mix: Some([lo, hi]),
+            eval_products: None,
         };
         let a = Dataset::new(&plain, 3, 64).unwrap();
         let b = Dataset::new(&mixed, 3, 64).unwrap();

@@ -29,6 +29,7 @@ fn run_config(steps: u64) -> RunConfig {
             skewed_rows: 0.0,
             skew_drop: 0.0,
             eval_mix: None,
+            eval_products: None,
         },
         model: ModelSize {
             d_model: 8,
@@ -188,6 +189,7 @@ fn gated_config(steps: u64) -> RunConfig {
         skewed_rows: 0.0,
         skew_drop: 0.0,
         eval_mix: None,
+        eval_products: None,
     };
     cfg
 }
@@ -314,6 +316,7 @@ fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
         skewed_rows: 0.0,
         skew_drop: 0.0,
         eval_mix: None,
+        eval_products: None,
     };
     refused(typed, Setting::TrainLen);
     let mut typed = run_config(4);

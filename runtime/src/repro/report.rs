@@ -203,10 +203,10 @@ fn scaled_report(r: &RunResult, len: usize) -> String {
 pub fn runs_table(results: &[RunResult], quick: bool) -> String {
     let mut out = String::from(
         "| run | outcome | steps | wall s | scaled acc @train | scaled acc @report | \
-         scaled acc @mix | loss @train | last train loss | retention (best head, per layer) | \
-         lattice error rad (per layer) | max angle step /pi | mean dt (per layer) | \
-         started @step | relapses |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         scaled acc @mix | zero-free products (raw %) | loss @train | last train loss | \
+         retention (best head, per layer) | lattice error rad (per layer) | max angle step /pi | \
+         mean dt (per layer) | started @step | relapses |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         let rc = recipe(r.job.task, quick);
@@ -225,8 +225,8 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {outcome} | {}/{} | {:.1} | {} | {} | {} | {loss_train} | {} | {} | {} | {} | \
-             {} | {started} | {relapses} |",
+            "| {} | {outcome} | {}/{} | {:.1} | {} | {} | {} | {} | {loss_train} | {} | {} | {} | \
+             {} | {} | {started} | {relapses} |",
             r.job.name(),
             r.steps,
             r.total_steps,
@@ -234,6 +234,10 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
             pct(r.scaled_at(rc.train_len)),
             scaled_report(r, rc.eval_len),
             pct(Reading::Mix.scaled(r, quick)),
+            rc.eval_products.map_or_else(
+                || "-".into(),
+                |k| format!("{} @{k}", pct(r.products_accuracy(k)))
+            ),
             r.last_loss
                 .map_or_else(|| "-".into(), |l| format!("{l:.4}")),
             per_layer(r, |l| format!("{:.3}", l.retention_best)),
@@ -280,6 +284,8 @@ pub fn result_json(r: &RunResult, quick: bool) -> Value {
         "scaled_accuracy_report_trained": r.scaled_trained_at(rc.eval_len),
         "mix_sizes": [rc.mix_from, rc.eval_len],
         "scaled_accuracy_mix": Reading::Mix.scaled(r, quick),
+        "products_factors": rc.eval_products,
+        "products_accuracy": rc.eval_products.and_then(|k| r.products_accuracy(k)),
         "eval": scores_json(&r.eval),
         "eval_ema": (!r.eval_ema.is_empty()).then(|| scores_json(&r.eval_ema)),
         "last_train_loss": r.last_loss,

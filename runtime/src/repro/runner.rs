@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::recipe::{Overrides, Recipe, recipe_with};
 use crate::Precision;
-use crate::train::data::{Task, mix_label};
+use crate::train::data::{Task, mix_label, products_label};
 use crate::train::dynamics::Dynamics;
 use crate::train::report::{EvalResult, ProgressMode};
 use crate::train::{Device, Resume, Rotation, RunStatus, Setting, Stop, TrainOptions, train};
@@ -120,17 +120,33 @@ impl RunResult {
             .map(|r| 100.0 * self.job.task.scaled_accuracy(r.accuracy))
     }
 
+    /// The run's raw accuracy (%) on its zero-free products of `k` factors
+    /// (`--eval-products`), weights as [`Self::scaled_at`]: a probe, whose
+    /// chance (1/4: a product of units is never 0) is not the task's.
+    pub fn products_accuracy(&self, k: usize) -> Option<f64> {
+        let label = products_label(k);
+        self.reported_scores()
+            .iter()
+            .find(|r| r.label == label)
+            .map(|r| 100.0 * r.accuracy)
+    }
+
+    /// The scores the table reads: the weight average's when the run kept
+    /// one.
+    fn reported_scores(&self) -> &[EvalResult] {
+        if self.eval_ema.is_empty() {
+            &self.eval
+        } else {
+            &self.eval_ema
+        }
+    }
+
     /// The run's scaled accuracy (%) on its mixed eval set of sizes
     /// `lo..=hi` (`--eval-mix`), weights as [`Self::scaled_at`]; `None` for
     /// a run without one (tables written before it).
     pub fn scaled_mix(&self, lo: usize, hi: usize) -> Option<f64> {
-        let scores = if self.eval_ema.is_empty() {
-            &self.eval
-        } else {
-            &self.eval_ema
-        };
         let label = mix_label(lo, hi);
-        scores
+        self.reported_scores()
             .iter()
             .find(|r| r.label == label)
             .map(|r| 100.0 * self.job.task.scaled_accuracy(r.accuracy))

@@ -47,6 +47,11 @@ pub struct Args {
     /// accuracy over rows of many lengths, beside the sets of one size.
     #[arg(long, value_name = "LO-HI", value_parser = crate::parse::size_range, conflicts_with = "data")]
     eval_mix: Option<[usize; 2]>,
+    /// Also evaluate one set of zero-free products of K operands (every
+    /// operator `*`, no 0; modarith and modarith-prec): a probe of the
+    /// product's rotation step over the steps, outside the task's rows.
+    #[arg(long, value_name = "K", conflicts_with = "data")]
+    eval_products: Option<usize>,
     /// Grow the largest training size linearly from the task's minimum (or
     /// --curriculum-start) to --train-len over this many steps (0: all
     /// sizes from the start).
@@ -366,6 +371,7 @@ fn run_config(a: &Args) -> RunConfig {
             skewed_rows: a.skewed_rows,
             skew_drop: a.skew_drop,
             eval_mix: a.eval_mix,
+            eval_products: a.eval_products,
         },
     };
     RunConfig {

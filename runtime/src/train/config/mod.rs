@@ -436,7 +436,21 @@ pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
             skewed_rows,
             skew_drop,
             eval_mix,
+            eval_products,
         } => {
+            if let Some(k) = *eval_products
+                && (!task.has_products() || k < 1 || k > task.max_len())
+            {
+                return Err(invalid(
+                    "--eval-products",
+                    format!(
+                        "probes products of K operands, 1..={}, of modarith or modarith-prec; \
+                         got {k} for task {}",
+                        task.max_len(),
+                        task.name()
+                    ),
+                ));
+            }
             if let Some([lo, hi]) = *eval_mix
                 && (lo > hi || lo < task.min_len() || hi > task.max_len())
             {
@@ -755,6 +769,7 @@ mod tests {
                 skewed_rows: 0.0,
                 skew_drop: 0.0,
                 eval_mix: None,
+                eval_products: None,
             },
             model: super::ModelSize {
                 d_model: 8,
@@ -838,6 +853,7 @@ mod tests {
                 skewed_rows,
                 skew_drop,
                 eval_mix: None,
+                eval_products: None,
             },
             ..a_run()
         };
@@ -884,6 +900,7 @@ mod tests {
                 skewed_rows: 0.0,
                 skew_drop: 0.0,
                 eval_mix,
+                eval_products: None,
             },
             ..a_run()
         };
@@ -893,6 +910,40 @@ mod tests {
         for bad in [[16, 2], [0, 8], [2, too_big]] {
             let err = super::validate(&with(Some(bad))).unwrap_err().to_string();
             assert!(err.contains("--eval-mix"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_products_probe_needs_an_arithmetic_without_brackets() {
+        use crate::train::data::{DataSpec, Task};
+        let with = |task, eval_products| super::RunConfig {
+            data: DataSpec::Task {
+                task,
+                train_len: 8,
+                eval_lens: vec![8],
+                curriculum: 0,
+                curriculum_gate: 0.0,
+                curriculum_start: 0,
+                train_min_len: 0,
+                skewed_rows: 0.0,
+                skew_drop: 0.0,
+                eval_mix: None,
+                eval_products,
+            },
+            ..a_run()
+        };
+        super::validate(&with(Task::ModarithPrec, Some(8))).unwrap();
+        super::validate(&with(Task::Modarith, Some(1))).unwrap();
+        super::validate(&with(Task::Parity, None)).unwrap();
+        for (task, k) in [
+            (Task::Parity, 8),
+            (Task::ModarithBrackets, 8),
+            (Task::ModarithPrec, 0),
+        ] {
+            let err = super::validate(&with(task, Some(k)))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--eval-products"), "{task:?} {k}: {err}");
         }
     }
 

@@ -22,6 +22,7 @@ pub enum Setting {
     SkewedRows,
     SkewDrop,
     EvalMix,
+    EvalProducts,
     Data,
     DataFormat,
     VocabSize,
@@ -78,7 +79,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 45] = [
+    pub const ALL: [Setting; 46] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -89,6 +90,7 @@ impl Setting {
         Self::SkewedRows,
         Self::SkewDrop,
         Self::EvalMix,
+        Self::EvalProducts,
         Self::Data,
         Self::DataFormat,
         Self::VocabSize,
@@ -139,6 +141,7 @@ impl Setting {
             Self::SkewedRows => "--skewed-rows",
             Self::SkewDrop => "--skew-drop",
             Self::EvalMix => "--eval-mix",
+            Self::EvalProducts => "--eval-products",
             Self::Data => "--data",
             Self::DataFormat => "--data-format",
             Self::VocabSize => "--vocab-size",
@@ -178,8 +181,9 @@ impl Setting {
     }
 
     /// Whether a resume may change it. The total step count (to extend a
-    /// run), the reporting and checkpoint cadence, the mixed eval set (its
-    /// own draws, after the other sets') and the device do not change what
+    /// run), the reporting and checkpoint cadence, the mixed and products
+    /// eval sets (their own draws, after the other sets') and the device do
+    /// not change what
     /// a step computes on one engine; `--data` may name a moved
     /// file, whose contents must still match the run's fingerprint.
     pub fn may_change(self) -> bool {
@@ -192,6 +196,7 @@ impl Setting {
                 | Self::Keep
                 | Self::KeepAt
                 | Self::EvalMix
+                | Self::EvalProducts
                 | Self::Device
                 | Self::Data
         )
@@ -236,6 +241,9 @@ impl Setting {
             (Self::EvalMix, DataSpec::Task { eval_mix, .. }) => {
                 eval_mix.and_then(|[lo, hi]| with(format!("{lo}-{hi}")))
             }
+            (Self::EvalProducts, DataSpec::Task { eval_products, .. }) => {
+                eval_products.and_then(|k| with(k.to_string()))
+            }
             (Self::Data, DataSpec::File { path, .. }) => with(path.display().to_string()),
             (Self::DataFormat, DataSpec::File { format, .. }) => with(format.name().into()),
             (Self::VocabSize, DataSpec::File { vocab_size, .. }) => {
@@ -255,7 +263,8 @@ impl Setting {
                 | Self::TrainMinLen
                 | Self::SkewedRows
                 | Self::SkewDrop
-                | Self::EvalMix,
+                | Self::EvalMix
+                | Self::EvalProducts,
                 DataSpec::File { .. },
             )
             | (
@@ -314,11 +323,25 @@ impl Setting {
             Self::CheckpointEvery => to.checkpoint_every = from.checkpoint_every,
             Self::Keep => to.keep = from.keep,
             Self::KeepAt => to.keep_at.clone_from(&from.keep_at),
-            Self::EvalMix => {
-                if let (DataSpec::Task { eval_mix: new, .. }, DataSpec::Task { eval_mix, .. }) =
-                    (&from.data, &mut to.data)
+            Self::EvalMix | Self::EvalProducts => {
+                if let (
+                    DataSpec::Task {
+                        eval_mix: mix,
+                        eval_products: products,
+                        ..
+                    },
+                    DataSpec::Task {
+                        eval_mix,
+                        eval_products,
+                        ..
+                    },
+                ) = (&from.data, &mut to.data)
                 {
-                    *eval_mix = *new;
+                    if self == Self::EvalMix {
+                        *eval_mix = *mix;
+                    } else {
+                        *eval_products = *products;
+                    }
                 }
             }
             Self::Device => to.device = from.device,

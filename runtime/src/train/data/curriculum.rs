@@ -141,6 +141,7 @@ mod tests {
             skewed_rows: 0.0,
             skew_drop: 0.0,
             eval_mix: None,
+            eval_products: None,
         };
         Dataset::new(&spec, seed, batch).unwrap()
     }

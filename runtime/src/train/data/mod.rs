@@ -160,6 +160,13 @@ pub enum DataSpec {
         /// rows of 40-256 tokens, beside the sets of one size each.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         eval_mix: Option<[usize; 2]>,
+        /// One more eval set of zero-free products of this many factors
+        /// (`--eval-products K`; arithmetic without brackets only): every
+        /// operator `*`, every operand non-zero, so its accuracy over the
+        /// steps shows when (and whether) a run's product step is exact.
+        /// A probe outside the task's distribution, not a score of it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        eval_products: Option<usize>,
     },
     /// A token file.
     File {
@@ -191,8 +198,9 @@ impl DataSpec {
                 skewed_rows,
                 skew_drop,
                 eval_mix,
+                eval_products,
             } => format!(
-                "`task {}, train_len {train_len}{}{}{}, eval {}{}{}{}{}`",
+                "`task {}, train_len {train_len}{}{}{}, eval {}{}{}{}{}{}`",
                 task.name(),
                 if *train_min_len > 0 {
                     format!(", train_min_len {train_min_len}")
@@ -215,6 +223,7 @@ impl DataSpec {
                     .collect::<Vec<_>>()
                     .join(","),
                 eval_mix.map_or_else(String::new, |[lo, hi]| format!(", eval mix {lo}-{hi}")),
+                eval_products.map_or_else(String::new, |k| format!(", eval products {k}")),
                 if *curriculum > 0 {
                     format!(", curriculum {curriculum}")
                 } else {
@@ -326,6 +335,7 @@ impl Dataset {
                 skewed_rows,
                 skew_drop,
                 eval_mix,
+                eval_products,
             } => {
                 let mut eval_rng = ChaCha20Rng::seed_from_u64(seed);
                 eval_rng.set_stream(EVAL_STREAM);
@@ -336,6 +346,9 @@ impl Dataset {
                 // Drawn after the sets of one size, which stay as without it.
                 if let Some([lo, hi]) = *eval_mix {
                     eval.push(task_mix_set(*task, lo, hi, batch, &mut eval_rng));
+                }
+                if let Some(k) = *eval_products {
+                    eval.push(task_products_set(*task, k, batch, &mut eval_rng));
                 }
                 let source = Source::Task {
                     task: *task,
@@ -562,6 +575,28 @@ fn task_mix_set(task: Task, lo: usize, hi: usize, batch: usize, rng: &mut ChaCha
         batches: examples
             .chunks(batch.max(1))
             .map(|c| Batch::from_examples(c, width, task.pad()))
+            .collect(),
+    }
+}
+
+/// The label of the `--eval-products` set of `k` factors.
+pub fn products_label(k: usize) -> String {
+    format!("products {k}")
+}
+
+/// [`TASK_EVAL_ROWS`] held-out rows of one zero-free product of `k`
+/// factors each ([`skew::Symbols::zero_free_products`]).
+fn task_products_set(task: Task, k: usize, batch: usize, rng: &mut ChaCha20Rng) -> EvalSet {
+    let symbols = skew::Symbols::zero_free_products(task.modulus().unwrap_or(2));
+    let examples: Vec<Example> = (0..TASK_EVAL_ROWS)
+        .map(|_| task.sample_from(k, true, &symbols, rng))
+        .collect();
+    EvalSet {
+        label: products_label(k),
+        length: None,
+        batches: examples
+            .chunks(batch.max(1))
+            .map(|c| Batch::from_examples(c, task.width(k), task.pad()))
             .collect(),
     }
 }

@@ -61,6 +61,20 @@ impl Symbols {
         }
     }
 
+    /// Rows of one zero-free product (`--eval-products`): every operator
+    /// `*` and every value in `1..values`, uniform; a product through 0
+    /// would hide the discrete-log steps this probes.
+    pub fn zero_free_products(values: u32) -> Self {
+        let nonzero = values.saturating_sub(1).max(1);
+        let values = (0..values)
+            .map(|v| f64::from(v) / f64::from(nonzero))
+            .collect();
+        Self::Skewed {
+            values,
+            operators: [0.0, 0.0, 1.0],
+        }
+    }
+
     /// One value in `0..m` (`m` is the task's value count; a skewed row
     /// drew its weights for the same `m`).
     pub fn value(&self, m: u32, rng: &mut ChaCha20Rng) -> u32 {

@@ -179,6 +179,12 @@ impl Task {
         self.generate_from(n, &Symbols::Uniform, rng)
     }
 
+    /// Whether `--eval-products` applies: the arithmetic without brackets,
+    /// whose size counts operands (a row of `k` factors is `k` operands).
+    pub fn has_products(self) -> bool {
+        matches!(self, Self::Modarith | Self::ModarithPrec)
+    }
+
     /// Whether `--skewed-rows` applies: the state-tracking tasks, whose
     /// rows are strings of values and operators.
     pub fn skewable(self) -> bool {
