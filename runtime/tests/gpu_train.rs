@@ -59,19 +59,7 @@ const SCHEDULE: LrSchedule = LrSchedule {
 /// `n` parity training batches of `rows` rows (lengths up to 12) and the
 /// batch width.
 fn parity(n: usize, rows: usize, seed: u64) -> (Vec<Batch>, usize) {
-    let spec = DataSpec::Task {
-        task: Task::Parity,
-        train_len: 12,
-        eval_lens: vec![],
-        curriculum: 0,
-        curriculum_gate: 0.0,
-        curriculum_start: 0,
-        train_min_len: 0,
-        skewed_rows: 0.0,
-        skew_drop: 0.0,
-        eval_mix: None,
-        eval_products: None,
-    };
+    let spec = DataSpec::task(Task::Parity, 12, vec![]);
     let mut data = Dataset::new(&spec, seed, rows).expect("dataset");
     let width = data.train_width();
     (

@@ -247,19 +247,7 @@ fn held_out_sets_are_disjoint_from_training() {
         (Task::ModarithBrackets, 20),
         (Task::ModarithBracketsNomult, 20),
     ] {
-        let spec = DataSpec::Task {
-            task,
-            train_len,
-            eval_lens: vec![train_len, 2 * train_len],
-            curriculum: 0,
-            curriculum_gate: 0.0,
-            curriculum_start: 0,
-            train_min_len: 0,
-            skewed_rows: 0.0,
-            skew_drop: 0.0,
-            eval_mix: None,
-            eval_products: None,
-        };
+        let spec = DataSpec::task(task, train_len, vec![train_len, 2 * train_len]);
         let mut data = Dataset::new(&spec, 5, 32).unwrap();
         let eval: HashSet<Vec<u32>> = data
             .eval_sets()
@@ -575,18 +563,17 @@ fn rows_that_leave_symbols_out_stay_out_of_the_held_out_half() {
 #[test]
 fn the_products_probe_holds_zero_free_products_answered_right() {
     for task in [Task::Modarith, Task::ModarithPrec] {
-        let spec = |eval_products| DataSpec::Task {
-            task,
-            train_len: 20,
-            eval_lens: vec![20, 40],
-            curriculum: 0,
-            curriculum_gate: 0.0,
-            curriculum_start: 0,
-            train_min_len: 0,
-            skewed_rows: 0.0,
-            skew_drop: 0.0,
-            eval_mix: Some([10, 40]),
-            eval_products,
+        let spec = |k| {
+            let mut spec = DataSpec::task(task, 20, vec![20, 40]);
+            if let DataSpec::Task {
+                eval_mix,
+                eval_products,
+                ..
+            } = &mut spec
+            {
+                (*eval_mix, *eval_products) = (Some([10, 40]), k);
+            }
+            spec
         };
         let plain = Dataset::new(&spec(None), 4, 64).unwrap();
         let probed = Dataset::new(&spec(Some(8)), 4, 64).unwrap();

@@ -100,19 +100,7 @@ fn batches_pad_and_mask_only_answers() {
 }
 
 fn task_spec(task: Task, train_len: usize, eval_lens: Vec<usize>) -> DataSpec {
-    DataSpec::Task {
-        task,
-        train_len,
-        eval_lens,
-        curriculum: 0,
-        curriculum_gate: 0.0,
-        curriculum_start: 0,
-        train_min_len: 0,
-        skewed_rows: 0.0,
-        skew_drop: 0.0,
-        eval_mix: None,
-        eval_products: None,
-    }
+    DataSpec::task(task, train_len, eval_lens)
 }
 
 #[test]
@@ -397,28 +385,10 @@ fn the_mixed_eval_set_spans_its_sizes_and_leaves_the_others_alone() {
         (Task::ModarithBrackets, 40, 256),
     ] {
         let plain = task_spec(task, lo, vec![lo, hi]);
-        let DataSpec::Task {
-            task,
-            train_len,
-            eval_lens,
-            ..
-        } = plain.clone()
-        else {
-            unreachable!("a task spec")
-        };
-        let mixed = DataSpec::Task {
-            task,
-            train_len,
-            eval_lens,
-            curriculum: 0,
-            curriculum_gate: 0.0,
-            curriculum_start: 0,
-            train_min_len: 0,
-            skewed_rows: 0.0,
-            skew_drop: 0.0,
-            eval_mix: Some([lo, hi]),
-            eval_products: None,
-        };
+        let mut mixed = plain.clone();
+        if let DataSpec::Task { eval_mix, .. } = &mut mixed {
+            *eval_mix = Some([lo, hi]);
+        }
         let a = Dataset::new(&plain, 3, 64).unwrap();
         let b = Dataset::new(&mixed, 3, 64).unwrap();
         let (sets_a, sets_b) = (a.eval_sets(), b.eval_sets());

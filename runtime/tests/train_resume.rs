@@ -18,19 +18,7 @@ use stepgraph::train::{
 
 fn run_config(steps: u64) -> RunConfig {
     RunConfig {
-        data: DataSpec::Task {
-            task: Task::Parity,
-            train_len: 6,
-            eval_lens: vec![6, 12],
-            curriculum: 0,
-            curriculum_gate: 0.0,
-            curriculum_start: 0,
-            train_min_len: 0,
-            skewed_rows: 0.0,
-            skew_drop: 0.0,
-            eval_mix: None,
-            eval_products: None,
-        },
+        data: DataSpec::task(Task::Parity, 6, vec![6, 12]),
         model: ModelSize {
             d_model: 8,
             n_layer: 1,
@@ -305,19 +293,7 @@ fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
         "{msg}"
     );
     let mut typed = run_config(4);
-    typed.data = DataSpec::Task {
-        task: Task::Parity,
-        train_len: 7,
-        eval_lens: vec![6, 12],
-        curriculum: 0,
-        curriculum_gate: 0.0,
-        curriculum_start: 0,
-        train_min_len: 0,
-        skewed_rows: 0.0,
-        skew_drop: 0.0,
-        eval_mix: None,
-        eval_products: None,
-    };
+    typed.data = DataSpec::task(Task::Parity, 7, vec![6, 12]);
     refused(typed, Setting::TrainLen);
     let mut typed = run_config(4);
     typed.model.rotation = Rotation::None;

@@ -433,19 +433,7 @@ mod tests {
     }
 
     fn parity_batch(rows: usize) -> Batch {
-        let spec = DataSpec::Task {
-            task: Task::Parity,
-            train_len: 6,
-            eval_lens: vec![],
-            curriculum: 0,
-            curriculum_gate: 0.0,
-            curriculum_start: 0,
-            train_min_len: 0,
-            skewed_rows: 0.0,
-            skew_drop: 0.0,
-            eval_mix: None,
-            eval_products: None,
-        };
+        let spec = DataSpec::task(Task::Parity, 6, vec![]);
         Dataset::new(&spec, 0, rows)
             .unwrap()
             .next_batch(rows)

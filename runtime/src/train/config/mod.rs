@@ -755,22 +755,19 @@ mod tests {
         assert!(serde_json::from_str::<Rotation>("\"spin\"").is_err());
     }
 
+    /// [`a_run`] on `data` after `set` changed it.
+    fn task_run(
+        mut data: crate::train::data::DataSpec,
+        set: impl FnOnce(&mut crate::train::data::DataSpec),
+    ) -> super::RunConfig {
+        set(&mut data);
+        super::RunConfig { data, ..a_run() }
+    }
+
     fn a_run() -> super::RunConfig {
         use crate::train::data::{DataSpec, Task};
         super::RunConfig {
-            data: DataSpec::Task {
-                task: Task::Parity,
-                train_len: 6,
-                eval_lens: vec![6, 12],
-                curriculum: 0,
-                curriculum_gate: 0.0,
-                curriculum_start: 0,
-                train_min_len: 0,
-                skewed_rows: 0.0,
-                skew_drop: 0.0,
-                eval_mix: None,
-                eval_products: None,
-            },
+            data: DataSpec::task(Task::Parity, 6, vec![6, 12]),
             model: super::ModelSize {
                 d_model: 8,
                 n_layer: 1,
@@ -841,21 +838,17 @@ mod tests {
     #[test]
     fn runs_saved_before_skewed_rows_load_with_uniform_rows_and_bad_fractions_are_refused() {
         use crate::train::data::{DataSpec, Task};
-        let with_drop = |task, skewed_rows, skew_drop| super::RunConfig {
-            data: DataSpec::Task {
-                task,
-                train_len: 6,
-                eval_lens: vec![6],
-                curriculum: 0,
-                curriculum_gate: 0.0,
-                curriculum_start: 0,
-                train_min_len: 0,
-                skewed_rows,
-                skew_drop,
-                eval_mix: None,
-                eval_products: None,
-            },
-            ..a_run()
+        let with_drop = |task, rows, drop| {
+            task_run(DataSpec::task(task, 6, vec![6]), |spec| {
+                if let DataSpec::Task {
+                    skewed_rows,
+                    skew_drop,
+                    ..
+                } = spec
+                {
+                    (*skewed_rows, *skew_drop) = (rows, drop);
+                }
+            })
         };
         let with = |task, skewed_rows| with_drop(task, skewed_rows, 0.0);
         let mut json = serde_json::to_value(with(Task::Parity, 0.5)).unwrap();
@@ -888,21 +881,12 @@ mod tests {
     #[test]
     fn a_mixed_eval_set_must_lie_inside_the_tasks_sizes() {
         use crate::train::data::{DataSpec, Task};
-        let with = |eval_mix| super::RunConfig {
-            data: DataSpec::Task {
-                task: Task::ModarithPrec,
-                train_len: 8,
-                eval_lens: vec![8],
-                curriculum: 0,
-                curriculum_gate: 0.0,
-                curriculum_start: 0,
-                train_min_len: 0,
-                skewed_rows: 0.0,
-                skew_drop: 0.0,
-                eval_mix,
-                eval_products: None,
-            },
-            ..a_run()
+        let with = |mix| {
+            task_run(DataSpec::task(Task::ModarithPrec, 8, vec![8]), |spec| {
+                if let DataSpec::Task { eval_mix, .. } = spec {
+                    *eval_mix = mix;
+                }
+            })
         };
         super::validate(&with(Some([2, 16]))).unwrap();
         super::validate(&with(None)).unwrap();
@@ -916,21 +900,12 @@ mod tests {
     #[test]
     fn the_products_probe_needs_an_arithmetic_without_brackets() {
         use crate::train::data::{DataSpec, Task};
-        let with = |task, eval_products| super::RunConfig {
-            data: DataSpec::Task {
-                task,
-                train_len: 8,
-                eval_lens: vec![8],
-                curriculum: 0,
-                curriculum_gate: 0.0,
-                curriculum_start: 0,
-                train_min_len: 0,
-                skewed_rows: 0.0,
-                skew_drop: 0.0,
-                eval_mix: None,
-                eval_products,
-            },
-            ..a_run()
+        let with = |task, k| {
+            task_run(DataSpec::task(task, 8, vec![8]), |spec| {
+                if let DataSpec::Task { eval_products, .. } = spec {
+                    *eval_products = k;
+                }
+            })
         };
         super::validate(&with(Task::ModarithPrec, Some(8))).unwrap();
         super::validate(&with(Task::Modarith, Some(1))).unwrap();

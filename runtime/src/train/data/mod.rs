@@ -184,6 +184,25 @@ pub enum DataSpec {
 }
 
 impl DataSpec {
+    /// A task run of `train_len` scored at `eval_lens`, every other option
+    /// off (no curriculum, uniform rows, no extra eval sets): the spec the
+    /// options start from.
+    pub fn task(task: Task, train_len: usize, eval_lens: Vec<usize>) -> Self {
+        Self::Task {
+            task,
+            train_len,
+            eval_lens,
+            curriculum: 0,
+            curriculum_gate: 0.0,
+            curriculum_start: 0,
+            train_min_len: 0,
+            skewed_rows: 0.0,
+            skew_drop: 0.0,
+            eval_mix: None,
+            eval_products: None,
+        }
+    }
+
     /// A short description for messages (`task parity, train_len 16, eval 16,32`).
     pub fn summary(&self) -> String {
         match self {
