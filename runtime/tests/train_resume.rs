@@ -166,19 +166,14 @@ fn resume_continues_bit_identically() {
 /// so its clock falls behind the batches drawn.
 fn gated_config(steps: u64) -> RunConfig {
     let mut cfg = run_config(steps);
-    cfg.data = DataSpec::Task {
-        task: Task::Parity,
-        train_len: 6,
-        eval_lens: vec![6, 12],
-        curriculum: 12,
-        curriculum_gate: GATE,
-        curriculum_start: 0,
-        train_min_len: 0,
-        skewed_rows: 0.0,
-        skew_drop: 0.0,
-        eval_mix: None,
-        eval_products: None,
-    };
+    if let DataSpec::Task {
+        curriculum,
+        curriculum_gate,
+        ..
+    } = &mut cfg.data
+    {
+        (*curriculum, *curriculum_gate) = (12, GATE);
+    }
     cfg
 }
 
@@ -307,6 +302,15 @@ fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
     assert_eq!(again.status, RunStatus::AlreadyFinished);
 }
 
+/// The one-layer model the checkpoint tests save.
+fn checkpoint_model() -> Mamba3Config {
+    Mamba3Config {
+        vocab_size: 4,
+        n_layer: 1,
+        ..Mamba3Config::tiny()
+    }
+}
+
 fn state(cfg: &Mamba3Config, step: u64) -> (EngineState, TrainState) {
     let weights = Weights::<f32>::init(cfg, step).unwrap();
     let moments = weights
@@ -343,11 +347,7 @@ fn state(cfg: &Mamba3Config, step: u64) -> (EngineState, TrainState) {
 fn checkpoints_are_atomic_and_only_the_last_k_are_kept() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("checkpoints");
-    let cfg = Mamba3Config {
-        vocab_size: 4,
-        n_layer: 1,
-        ..Mamba3Config::tiny()
-    };
+    let cfg = checkpoint_model();
     // A crash mid-write leaves a temp directory: it is neither listed nor resumed.
     std::fs::create_dir_all(root.join(".tmp-step-00000009")).unwrap();
     for step in 1..=5 {
@@ -399,11 +399,7 @@ fn checkpoints_are_atomic_and_only_the_last_k_are_kept() {
 fn kept_steps_are_saved_and_outlive_the_newest_k() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("checkpoints");
-    let cfg = Mamba3Config {
-        vocab_size: 4,
-        n_layer: 1,
-        ..Mamba3Config::tiny()
-    };
+    let cfg = checkpoint_model();
     for step in 1..=6 {
         let (e, t) = state(&cfg, step);
         checkpoint::save(&root, &cfg, &e, None, &t, 2, &[2]).unwrap();

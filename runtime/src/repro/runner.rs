@@ -101,11 +101,7 @@ impl RunResult {
     /// The run's scaled accuracy (%) at problem size `len`, if evaluated:
     /// the weight average's when the run kept one, as the table reports.
     pub fn scaled_at(&self, len: usize) -> Option<f64> {
-        if self.eval_ema.is_empty() {
-            self.scaled_trained_at(len)
-        } else {
-            self.scaled_in(&self.eval_ema, len)
-        }
+        self.scaled_in(self.reported_scores(), len)
     }
 
     /// The trained weights' scaled accuracy (%) at problem size `len`.

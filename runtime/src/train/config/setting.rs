@@ -323,25 +323,22 @@ impl Setting {
             Self::CheckpointEvery => to.checkpoint_every = from.checkpoint_every,
             Self::Keep => to.keep = from.keep,
             Self::KeepAt => to.keep_at.clone_from(&from.keep_at),
-            Self::EvalMix | Self::EvalProducts => {
+            Self::EvalMix => {
+                if let (DataSpec::Task { eval_mix: new, .. }, DataSpec::Task { eval_mix, .. }) =
+                    (&from.data, &mut to.data)
+                {
+                    *eval_mix = *new;
+                }
+            }
+            Self::EvalProducts => {
                 if let (
                     DataSpec::Task {
-                        eval_mix: mix,
-                        eval_products: products,
-                        ..
+                        eval_products: new, ..
                     },
-                    DataSpec::Task {
-                        eval_mix,
-                        eval_products,
-                        ..
-                    },
+                    DataSpec::Task { eval_products, .. },
                 ) = (&from.data, &mut to.data)
                 {
-                    if self == Self::EvalMix {
-                        *eval_mix = *mix;
-                    } else {
-                        *eval_products = *products;
-                    }
+                    *eval_products = *new;
                 }
             }
             Self::Device => to.device = from.device,

@@ -582,20 +582,10 @@ pub fn mix_label(lo: usize, hi: usize) -> String {
 /// padded to the width of `hi`; no single length (`length: None`).
 fn task_mix_set(task: Task, lo: usize, hi: usize, batch: usize, rng: &mut ChaCha20Rng) -> EvalSet {
     let width = task.width(hi.clamp(task.min_len(), task.max_len()));
-    let examples: Vec<Example> = (0..TASK_EVAL_ROWS)
-        .map(|_| {
-            let n = rng.random_range(lo..=hi.max(lo));
-            task.sample(n, true, rng)
-        })
-        .collect();
-    EvalSet {
-        label: mix_label(lo, hi),
-        length: None,
-        batches: examples
-            .chunks(batch.max(1))
-            .map(|c| Batch::from_examples(c, width, task.pad()))
-            .collect(),
-    }
+    eval_set(task, mix_label(lo, hi), None, width, batch, || {
+        let n = rng.random_range(lo..=hi.max(lo));
+        task.sample(n, true, rng)
+    })
 }
 
 /// The label of the `--eval-products` set of `k` factors.
@@ -607,27 +597,32 @@ pub fn products_label(k: usize) -> String {
 /// factors each ([`skew::Symbols::zero_free_products`]).
 fn task_products_set(task: Task, k: usize, batch: usize, rng: &mut ChaCha20Rng) -> EvalSet {
     let symbols = skew::Symbols::zero_free_products(task.modulus().unwrap_or(2));
-    let examples: Vec<Example> = (0..TASK_EVAL_ROWS)
-        .map(|_| task.sample_from(k, true, &symbols, rng))
-        .collect();
-    EvalSet {
-        label: products_label(k),
-        length: None,
-        batches: examples
-            .chunks(batch.max(1))
-            .map(|c| Batch::from_examples(c, task.width(k), task.pad()))
-            .collect(),
-    }
+    eval_set(task, products_label(k), None, task.width(k), batch, || {
+        task.sample_from(k, true, &symbols, rng)
+    })
 }
 
 fn task_eval_set(task: Task, n: usize, batch: usize, rng: &mut ChaCha20Rng) -> EvalSet {
     let width = task.width(n.clamp(task.min_len(), task.max_len()));
-    let examples: Vec<Example> = (0..TASK_EVAL_ROWS)
-        .map(|_| task.sample(n, true, rng))
-        .collect();
+    eval_set(task, format!("len {n}"), Some(n), width, batch, || {
+        task.sample(n, true, rng)
+    })
+}
+
+/// [`TASK_EVAL_ROWS`] rows from `draw`, in batches of `batch` rows padded
+/// to `width`.
+fn eval_set(
+    task: Task,
+    label: String,
+    length: Option<usize>,
+    width: usize,
+    batch: usize,
+    mut draw: impl FnMut() -> Example,
+) -> EvalSet {
+    let examples: Vec<Example> = (0..TASK_EVAL_ROWS).map(|_| draw()).collect();
     EvalSet {
-        label: format!("len {n}"),
-        length: Some(n),
+        label,
+        length,
         batches: examples
             .chunks(batch.max(1))
             .map(|c| Batch::from_examples(c, width, task.pad()))
