@@ -79,7 +79,7 @@ fn the_quick_table_runs_end_to_end_on_the_cpu() {
         .find(|l| l.starts_with("| modarith-prec-data-s0 |"))
         .unwrap_or_else(|| panic!("no arithmetic run line in\n{md}"));
     let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
-    assert_eq!(cells.len(), 16, "{line}");
+    assert_eq!(cells.len(), 17, "{line}");
     // The sources' mixed sizes, scored beside the reported size, and the
     // zero-free products probe of the column.
     assert!(cells[6].parse::<f64>().is_ok(), "{line}");
@@ -100,6 +100,13 @@ fn the_quick_table_runs_end_to_end_on_the_cpu() {
         "{line}"
     );
     assert!(cells[15].parse::<usize>().is_ok(), "{line}");
+    // And when its weight average all but fitted that size: never before
+    // it started, since fitting is far above chance.
+    match (cells[14].parse::<u64>(), cells[16].parse::<u64>()) {
+        (_, Err(_)) => assert_eq!(cells[16], "never", "{line}"),
+        (Ok(started), Ok(fitted)) => assert!(fitted >= started, "{line}"),
+        (Err(_), Ok(_)) => panic!("fitted but never started: {line}"),
+    }
 }
 
 #[test]

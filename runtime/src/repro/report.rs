@@ -164,21 +164,28 @@ fn per_layer(
     )
 }
 
-/// When the run first cleared chance at its training size and how often it
-/// fell back ([`curve::started_and_relapses`]), read from its own metrics,
-/// as table cells; `-` where it has no evaluation there.
-fn learning(r: &RunResult, train_len: usize) -> (String, String) {
+/// When the run first cleared chance at its training size, how often it
+/// fell back ([`curve::started_and_relapses`], on the trained weights) and
+/// when it first all but fitted that size ([`curve::fitted`], on the weight
+/// average where the run kept one: the reading its table scores), read from
+/// its own metrics, as table cells; `-` where it has no evaluation there.
+fn learning(r: &RunResult, train_len: usize) -> [String; 3] {
+    let none = || ["-".into(), "-".into(), "-".into()];
     let Ok(series) = eval_accuracy(&r.dir) else {
-        return ("-".into(), "-".into());
+        return none();
     };
-    let Some(points) = series.get(&format!("len {train_len}")) else {
-        return ("-".into(), "-".into());
+    let label = format!("len {train_len}");
+    let Some(points) = series.get(&label) else {
+        return none();
     };
     let (started, relapses) = curve::started_and_relapses(points, r.job.task);
-    (
-        started.map_or_else(|| "never".into(), |s| format!("{s:.0}")),
+    let averaged = series.get(&format!("{label} ema")).unwrap_or(points);
+    let step = |s: Option<f64>| s.map_or_else(|| "never".into(), |s| format!("{s:.0}"));
+    [
+        step(started),
         relapses.to_string(),
-    )
+        step(curve::fitted(averaged, r.job.task)),
+    ]
 }
 
 /// The reported scaled accuracy of a run's line: the weight average's, with
@@ -198,15 +205,16 @@ fn scaled_report(r: &RunResult, len: usize) -> String {
 
 /// One markdown line per run: outcome, scaled accuracy at the training and
 /// the reported length, the training-length loss, the dynamics (retention,
-/// angle lattice error, largest angle step, mean `dt`), and when the run
-/// started and how often it relapsed.
+/// angle lattice error, largest angle step, mean `dt`), when the run
+/// started, how often it relapsed and when it all but fitted its training
+/// size.
 pub fn runs_table(results: &[RunResult], quick: bool) -> String {
     let mut out = String::from(
         "| run | outcome | steps | wall s | scaled acc @train | scaled acc @report | \
          scaled acc @mix | zero-free products (raw %) | loss @train | last train loss | \
          retention (best head, per layer) | lattice error rad (per layer) | max angle step /pi | \
-         mean dt (per layer) | started @step | relapses |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         mean dt (per layer) | started @step | relapses | fitted @step |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         let rc = recipe(r.job.task, quick);
@@ -216,7 +224,7 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
             .iter()
             .find(|e| e.length == Some(rc.train_len))
             .map_or_else(|| "-".into(), |e| format!("{:.4}", e.loss));
-        let (started, relapses) = learning(r, rc.train_len);
+        let [started, relapses, fitted] = learning(r, rc.train_len);
         let outcome = match &r.outcome {
             Outcome::Finished => "finished".to_owned(),
             Outcome::Stopped => "stopped".to_owned(),
@@ -226,7 +234,7 @@ pub fn runs_table(results: &[RunResult], quick: bool) -> String {
         let _ = writeln!(
             out,
             "| {} | {outcome} | {}/{} | {:.1} | {} | {} | {} | {} | {loss_train} | {} | {} | {} | \
-             {} | {} | {started} | {relapses} |",
+             {} | {} | {started} | {relapses} | {fitted} |",
             r.job.name(),
             r.steps,
             r.total_steps,
