@@ -90,7 +90,10 @@ mod tests {
     fn the_round_8_run_fitted_at_15000() {
         // 94.1% raw (92.6 scaled) at step 15,000 is the first at or above
         // 92.5; 91.0% (88.75 scaled) at 14,000 is not.
-        assert_eq!(fitted(&every_1000(&SEED2), Task::ModarithPrec), Some(15000.0));
+        assert_eq!(
+            fitted(&every_1000(&SEED2), Task::ModarithPrec),
+            Some(15000.0)
+        );
         assert_eq!(fitted(&every_1000(&SEED2[..14]), Task::ModarithPrec), None);
     }
 
