@@ -38,6 +38,7 @@ fn repro(
         tasks: tasks.to_vec(),
         rotations: rotations.to_vec(),
         time_limit: None,
+        stop_after: None,
         overrides: Default::default(),
     };
     let print = |l: &str| eprintln!("{l}");

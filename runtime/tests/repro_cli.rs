@@ -139,6 +139,51 @@ fn the_bracketed_column_without_times_runs_beside_the_papers_number() {
     assert!(md.contains("--task modarith-brackets-nomult"), "{md}");
 }
 
+#[test]
+fn a_screen_with_another_decay_stops_its_runs_and_says_how_they_trained() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = quick_table(
+        dir.path(),
+        &[
+            "--tasks",
+            "parity",
+            "--rotations",
+            "data",
+            "--steps",
+            "6",
+            "--decay",
+            "matrices",
+            "--stop-after",
+            "2",
+        ],
+    );
+    let md = std::fs::read_to_string(dir.path().join("table/table.md")).unwrap();
+    assert!(
+        md.contains("weight decay 0.1 on every matrix, in_proj too (`--decay matrices`)"),
+        "{md}"
+    );
+    let line = md
+        .lines()
+        .find(|l| l.starts_with("| parity-data-s0 |"))
+        .unwrap_or_else(|| panic!("no run line in\n{md}"));
+    assert!(line.contains("| stopped | 2/6 |"), "{line}");
+    // The run's own checkpoint says it trained with the wider decay.
+    let cfg = std::fs::read_to_string(
+        dir.path()
+            .join("table/runs/parity-data-s0/checkpoints/step-00000002/train_state.json"),
+    )
+    .unwrap();
+    assert!(cfg.contains("\"decay\": \"matrices\""), "{cfg}");
+    // Resumed past the screen, it finishes.
+    let out = stepgraph(
+        &["repro", "state-tracking", "--resume", "table"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let md = std::fs::read_to_string(dir.path().join("table/table.md")).unwrap();
+    assert!(md.contains("| parity-data-s0 | finished | 6/6 |"), "{md}");
+}
+
 /// `repro state-tracking --quick` on the CPU, one seed, into `dir/table`,
 /// with `extra` arguments; its standard output, once it has succeeded.
 fn quick_table(dir: &std::path::Path, extra: &[&str]) -> String {
@@ -274,6 +319,18 @@ fn bad_arguments_are_usage_errors() {
     usage(
         &["repro", "state-tracking", "--resume", "t", "--seeds", "2"],
         "'--resume <RESUME>' cannot be used with '--seeds <SEEDS>'",
+    );
+    usage(
+        &["repro", "state-tracking", "--decay", "inputs"],
+        "[possible values: matrices, outputs, all, none]",
+    );
+    usage(
+        &["repro", "state-tracking", "--resume", "t", "--decay", "all"],
+        "'--resume <RESUME>' cannot be used with '--decay <DECAY>'",
+    );
+    usage(
+        &["repro", "state-tracking", "--stop-after", "0"],
+        "invalid value '0' for '--stop-after <STOP_AFTER>': must be at least 1",
     );
     usage(
         &["train", "--rotation", "random"],

@@ -26,6 +26,7 @@ fn options(out: &Path, time_limit: Option<Duration>) -> ReproOptions {
         tasks: vec![Task::Parity],
         rotations: vec![Rotation::Data, Rotation::None],
         time_limit,
+        stop_after: None,
         overrides: Overrides {
             steps: Some(60),
             ..Overrides::default()
@@ -41,7 +42,7 @@ fn outcome(results: &[RunResult], rotation: Rotation) -> &RunResult {
 fn resume_logged(dir: &Path) -> (ReproReport, Vec<String>) {
     let lines = std::sync::Mutex::new(Vec::new());
     let log = |l: &str| lines.lock().unwrap().push(l.to_owned());
-    let report = resume(dir, None, &[], None, &Stop::new(), &log).unwrap();
+    let report = resume(dir, None, &[], None, None, &Stop::new(), &log).unwrap();
     (report, lines.into_inner().unwrap())
 }
 
@@ -111,8 +112,53 @@ fn a_stopped_table_resumed_ends_as_an_uninterrupted_one() {
     );
 
     // Resuming a finished table trains nothing and keeps it.
-    let again = resume(&part_dir, None, &[], None, &Stop::new(), &quiet).unwrap();
+    let again = resume(&part_dir, None, &[], None, None, &Stop::new(), &quiet).unwrap();
     assert!(again.results.iter().all(|r| r.outcome == Outcome::Finished));
+}
+
+#[test]
+fn a_screen_stops_every_run_at_its_step_and_a_resume_goes_on_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let quiet = |_: &str| {};
+    let whole = state_tracking(
+        &options(&dir.path().join("whole"), None),
+        &Stop::new(),
+        &quiet,
+    )
+    .unwrap();
+    let screen_dir = dir.path().join("screen");
+    let mut o = options(&screen_dir, None);
+    o.stop_after = Some(20);
+    let screen = state_tracking(&o, &Stop::new(), &quiet).unwrap();
+    // Every run trains (none is skipped, as under a time limit) and stops
+    // at the step, checkpointed.
+    for r in &screen.results {
+        assert_eq!((&r.outcome, r.steps), (&Outcome::Stopped, 20), "{r:?}");
+        assert_eq!(next(&r.outcome, &r.dir), Next::Train(Start::Resume));
+    }
+    // A resume that stops at the same step trains no further.
+    let held = resume(&screen_dir, None, &[], None, Some(20), &Stop::new(), &quiet).unwrap();
+    assert!(
+        held.results
+            .iter()
+            .all(|r| (&r.outcome, r.steps) == (&Outcome::Stopped, 20)),
+        "{:?}",
+        held.results
+    );
+    // One without it finishes them, bit for bit as the uninterrupted table.
+    let (done, _) = resume_logged(&screen_dir);
+    for rotation in [Rotation::Data, Rotation::None] {
+        let (a, b) = (
+            outcome(&whole.results, rotation),
+            outcome(&done.results, rotation),
+        );
+        assert_eq!((&b.outcome, b.steps), (&Outcome::Finished, 60));
+        assert_eq!(a.eval.len(), b.eval.len());
+        for (x, y) in a.eval.iter().zip(&b.eval) {
+            assert_eq!(x.loss.to_bits(), y.loss.to_bits(), "{rotation:?}");
+            assert_eq!(x.accuracy.to_bits(), y.accuracy.to_bits());
+        }
+    }
 }
 
 #[test]
@@ -180,7 +226,16 @@ fn what_a_run_needs_follows_its_outcome_and_directory() {
 #[test]
 fn a_directory_that_is_no_table_is_an_error_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let e = resume(dir.path(), None, &[], None, &Stop::new(), &|_: &str| {}).unwrap_err();
+    let e = resume(
+        dir.path(),
+        None,
+        &[],
+        None,
+        None,
+        &Stop::new(),
+        &|_: &str| {},
+    )
+    .unwrap_err();
     assert_eq!(e.exit_code(), 1);
     assert!(e.to_string().contains("table.json"), "{e}");
 }

@@ -123,6 +123,22 @@ fn assert_resume_identical(cfg: fn(u64) -> RunConfig, n: u64, stop_at: u64) -> T
     };
     let b = train(&first, &stop).unwrap();
     assert_eq!((b.step, b.status), (stop_at, RunStatus::Stopped));
+    // Resumed with the same stop step, it stops again before any step, and
+    // leaves its checkpoints and metrics as they were.
+    let metrics_before = records(&split);
+    let held = TrainOptions {
+        stop_after: Some(stop_at),
+        ..resume(&split, run_config(1), Vec::new())
+    };
+    let h = train(&held, &stop).unwrap();
+    assert_eq!((h.step, h.status), (stop_at, RunStatus::Stopped));
+    let newest = checkpoint::list(&split.join("checkpoints"))
+        .unwrap()
+        .into_iter()
+        .map(|(s, _)| s)
+        .max();
+    assert_eq!(newest, Some(stop_at), "no checkpoint past the stop step");
+    assert_eq!(metrics_before, records(&split));
     // Nothing but the place: the run's settings come from its checkpoint.
     let c = train(&resume(&split, run_config(1), Vec::new()), &stop).unwrap();
     assert_eq!(

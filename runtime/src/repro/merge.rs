@@ -355,6 +355,7 @@ pub fn merge(parts: &[PathBuf], out: Option<&Path>) -> Result<ReproReport, Repro
         tasks,
         rotations,
         time_limit: None,
+        stop_after: None,
         overrides: head.overrides,
     };
     let note = format!(

@@ -44,7 +44,7 @@ use thiserror::Error;
 use crate::Precision;
 use crate::train::data::Task;
 use crate::train::run::{Resolved, resolve_device};
-use crate::train::{DEFAULT_ADAM_EPS, Device, Rotation, Stop, TrainError};
+use crate::train::{DEFAULT_ADAM_EPS, Decay, Device, Rotation, Stop, TrainError};
 use runner::{Outcome, Plan, RunResult, Start};
 
 /// Why the reproduction could not run.
@@ -118,6 +118,10 @@ pub struct ReproOptions {
     pub rotations: Vec<Rotation>,
     /// Stop every run (as a signal would) after this long.
     pub time_limit: Option<Duration>,
+    /// Stop every run (as a signal would) at this step: a screen to the
+    /// curriculum's end, continued later with `--resume`. Not a setting of
+    /// the table, as the time limit is not.
+    pub stop_after: Option<u64>,
     /// Changes to every column's recipe.
     pub overrides: recipe::Overrides,
 }
@@ -377,6 +381,7 @@ fn drain(
         device,
         quick: opts.quick,
         overrides: opts.overrides,
+        stop_after: opts.stop_after,
         stop,
     };
     let sink = Mutex::new((Vec::new(), results_file));
@@ -409,6 +414,17 @@ fn drain(
         finished.store(true, Ordering::SeqCst);
     });
     sink.into_inner().unwrap_or_else(|p| p.into_inner()).0
+}
+
+/// The recipes line's words for AdamW's weight decay of `decay`.
+fn decay_words(decay: Decay) -> String {
+    let on = match decay {
+        Decay::Outputs => "weight decay 0.1 on the embedding and out_proj only",
+        Decay::Matrices => "weight decay 0.1 on every matrix, in_proj too",
+        Decay::All => "weight decay 0.1 on every tensor",
+        Decay::None => "no weight decay",
+    };
+    format!("{on} (`--decay {}`)", decay.name())
 }
 
 /// Puts `results` in table order (task, rotation, seed, as `opts` lists
@@ -511,8 +527,7 @@ fn write_files(
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
              --eval-lens {},{} --eval-mix {}-{} --curriculum {}{}{}{}{}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
-             --dt-init {}{}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`){}, weight decay 0.1 on the \
-             embedding and out_proj only (`--decay outputs`), clip 1, scan chunk {} \
+             --dt-init {}{}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`){}, {}, clip 1, scan chunk {} \
              (`--chunk-size`){}\n",
             recipe::column(t),
             t.name(),
@@ -564,6 +579,7 @@ fn write_files(
             } else {
                 format!(" and eps {} (`--adam-eps`)", r.adam_eps)
             },
+            decay_words(r.decay),
             recipe::chunk_size(opts.precision),
             if r.ema.is_some() {
                 "; scores are the weight average's (the trained weights' in brackets in the runs table)"

@@ -126,6 +126,8 @@ pub struct Recipe {
     pub ema: Option<f64>,
     /// AdamW's denominator epsilon (`stepgraph train --adam-eps`).
     pub adam_eps: f64,
+    /// Which tensors AdamW decays (`stepgraph train --decay`).
+    pub decay: Decay,
     /// Fraction of training rows with skewed symbol frequencies
     /// (`stepgraph train --skewed-rows`).
     pub skewed_rows: f64,
@@ -195,6 +197,13 @@ fn arithmetic(task: Task) -> Recipe {
         },
         ema: Some(0.999),
         adam_eps: DEFAULT_ADAM_EPS,
+        // As for parity, where it was chosen: only the output-scaling
+        // matrices decay, so bounded logits keep the loss pushing rotation
+        // steps toward exact multiples of 2 pi / m once every training
+        // instance is right, and in_proj's dd_A rows stay free to reach
+        // about -7 (a state that is kept). README, "Seed sensitivity". The
+        // sources decay in_proj too (STATE-TRACKING.md, round 24).
+        decay: Decay::Outputs,
         skewed_rows: 0.0,
         skew_drop: 0.0,
     }
@@ -235,6 +244,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             dt_init: DtInit::default(),
             ema: None,
             adam_eps: PARITY_ADAM_EPS,
+            decay: Decay::Outputs,
             skewed_rows: 0.5,
             skew_drop: 0.0,
         },
@@ -341,6 +351,10 @@ pub struct Overrides {
     /// (`--skew-drop`). Absent from tables written before it.
     #[serde(default)]
     pub skew_drop: Option<f64>,
+    /// Which tensors AdamW decays (`--decay`). Absent from tables written
+    /// before it.
+    #[serde(default)]
+    pub decay: Option<Decay>,
 }
 
 impl Overrides {
@@ -380,6 +394,7 @@ impl Overrides {
                 r.curriculum_start
             }),
             adam_eps: self.adam_eps.unwrap_or(r.adam_eps),
+            decay: self.decay.unwrap_or(r.decay),
             skewed_rows,
             // As the start with the curriculum: a recipe's own drop goes
             // with its skewed rows.
@@ -458,12 +473,6 @@ impl Recipe {
             lr: self.lr,
             min_lr: self.min_lr,
             warmup: self.warmup,
-            // Only the output-scaling matrices decay: bounded logits keep
-            // the loss pushing rotation steps toward exact multiples of
-            // 2 pi / m after every training instance is right; in_proj must
-            // not decay (its dd_A rows must reach about -7 for a state
-            // that is kept, its angle rows must saturate). README, "Seed
-            // sensitivity".
             weight_decay: 0.1,
             // A run that has solved its training size has gradients near
             // 1e-3 for thousands of steps, and AdamW's 0.999 keeps the
@@ -475,7 +484,7 @@ impl Recipe {
             // catches up within ~20 steps and one step moves at most ~0.45 lr.
             beta2: BETA2,
             adam_eps: self.adam_eps,
-            decay: Decay::Outputs,
+            decay: self.decay,
             clip: Some(1.0),
             seed,
             eval_every: self.eval_every,
@@ -561,8 +570,14 @@ mod tests {
             min_lr: Some(1e-4),
             skewed_rows: Some(0.25),
             skew_drop: Some(0.3),
+            decay: Some(Decay::Matrices),
         };
         let r = o.apply(base.clone());
+        // Every column decays the outputs only unless told otherwise.
+        for task in COLUMNS {
+            assert_eq!(recipe(task, false).decay, Decay::Outputs, "{task:?}");
+        }
+        assert_eq!(r.decay, Decay::Matrices);
         assert_eq!((base.min_lr, r.min_lr), (1e-5, 1e-4));
         assert_eq!((base.adam_eps, r.adam_eps), (DEFAULT_ADAM_EPS, 1e-5));
         assert_eq!(
@@ -614,6 +629,7 @@ mod tests {
             validate(&run).unwrap();
             assert_eq!(run.keep_at, vec![7], "the curriculum's end is kept");
             assert_eq!(run.model.dt_init, r.dt_init, "the run takes the range");
+            assert_eq!(run.decay, Decay::Matrices, "and the decay's scope");
             assert!(
                 matches!(
                     run.data,

@@ -63,14 +63,16 @@ pub fn next(outcome: &Outcome, dir: &Path) -> Next {
 }
 
 /// Continues the table in `dir` (see the module docs) with `jobs` runs at
-/// once (default: as many as it ran with) on `gpus` (empty: every GPU) and
-/// an optional time limit for this visit; `line` gets one line per run as
-/// it ends.
+/// once (default: as many as it ran with) on `gpus` (empty: every GPU), an
+/// optional time limit for this visit and an optional step at which its
+/// runs stop (a run stopped there before goes on past it when none is
+/// given); `line` gets one line per run as it ends.
 pub fn resume(
     dir: &Path,
     jobs: Option<usize>,
     gpus: &[usize],
     time_limit: Option<Duration>,
+    stop_after: Option<u64>,
     stop: &Stop,
     line: &(dyn Fn(&str) + Sync),
 ) -> Result<ReproReport, ReproError> {
@@ -103,6 +105,7 @@ pub fn resume(
         tasks,
         rotations,
         time_limit,
+        stop_after,
         overrides: head.overrides,
     };
     // The queue in the order a fresh table would run it, of the runs that
@@ -134,6 +137,9 @@ pub fn resume(
             continue;
         };
         match next(&r.outcome, &r.dir) {
+            // Already at this visit's stop step: kept with its scores, as
+            // training it would stop it again at once.
+            Next::Train(Start::Resume) if stop_after.is_some_and(|s| r.steps >= s) => {}
             Next::Train(start) => queue.push((job, start)),
             Next::Stuck => stuck.push(job.name()),
             Next::Keep => {}

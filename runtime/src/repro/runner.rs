@@ -163,6 +163,8 @@ pub struct Plan<'a> {
     pub quick: bool,
     /// Changes to every recipe.
     pub overrides: Overrides,
+    /// The step at which every run stops (`--stop-after`).
+    pub stop_after: Option<u64>,
     /// Set on a signal or at the time limit.
     pub stop: &'a Stop,
 }
@@ -246,7 +248,7 @@ fn run(plan: &Plan<'_>, job: Job, start: Start, gpu: usize) -> RunResult {
             from: dir,
             given: Setting::ALL.to_vec(),
         }),
-        stop_after: None,
+        stop_after: plan.stop_after,
         progress: ProgressMode::Quiet,
         log_dynamics: true,
         gpu,

@@ -769,7 +769,13 @@ fn run_in(
     let mut last_dynamics = None;
     let mut last_ckpt = None;
     let mut step = at;
-    let mut status = RunStatus::Finished;
+    // A run resumed at or past its stop step stops again before training
+    // further, as it would have stopped there uninterrupted.
+    let mut status = if step < run.steps && opts.stop_after.is_some_and(|s| step >= s) {
+        RunStatus::Stopped
+    } else {
+        RunStatus::Finished
+    };
     let mut skipped = skipped_before;
     // A fresh run also probes its initial weights: what the init drew (each
     // layer's mean dt, say) before any step moved it.
@@ -787,7 +793,7 @@ fn run_in(
         }
         train_time += t.elapsed();
     }
-    while step < run.steps {
+    while step < run.steps && status != RunStatus::Stopped {
         let t = Instant::now();
         engine.step()?;
         // The next batch is drawn and staged while a GPU step runs; the

@@ -18,7 +18,7 @@ use stepgraph::repro::{
 use stepgraph::train::data::Task;
 use stepgraph::train::{Device, DtInit, SignalAction, Stop};
 
-use crate::train::{DeviceArg, RotationArg};
+use crate::train::{DecayArg, DeviceArg, RotationArg};
 
 use crate::parse::{at_least_one, at_least_one_u64, non_negative, positive};
 
@@ -137,6 +137,16 @@ struct StArgs {
     /// skewed row, in 0..1 (`stepgraph train --skew-drop`).
     #[arg(long, value_parser = crate::parse::fraction, allow_negative_numbers = true)]
     skew_drop: Option<f64>,
+    /// Which tensors AdamW decays, instead of the recipe's outputs
+    /// (`stepgraph train --decay`).
+    #[arg(long, value_enum)]
+    decay: Option<DecayArg>,
+    /// Stop every run at this step (as a signal would: a checkpoint, and
+    /// --resume continues it) and report the runs so far. A screen: which
+    /// runs fit their training size while the curriculum grows shows by its
+    /// end (README, "The recipes").
+    #[arg(long, value_parser = at_least_one_u64)]
+    stop_after: Option<u64>,
     /// Instead of training, merge the output directories of several parts
     /// (comma-separated) into one table in --out.
     #[arg(
@@ -146,22 +156,22 @@ struct StArgs {
             "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "min_lr", "d_model", "headdim",
             "curriculum_gate", "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps",
-            "skewed_rows", "skew_drop",
+            "skewed_rows", "skew_drop", "decay", "stop_after",
         ]
     )]
     merge: Vec<PathBuf>,
     /// Continue the table in this output directory: stopped runs from their
     /// checkpoints, skipped ones from the start; finished ones are kept, and
     /// the table, its files and plots are rewritten there. Takes --jobs,
-    /// --gpus and --time-limit; everything else is what the table was run
-    /// with.
+    /// --gpus, --time-limit and --stop-after; everything else is what the
+    /// table was run with.
     #[arg(
         long,
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
             "steps", "curriculum", "batch", "lr", "min_lr", "d_model", "headdim", "curriculum_gate",
             "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps", "skewed_rows",
-            "skew_drop", "merge", "out",
+            "skew_drop", "decay", "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -208,6 +218,7 @@ fn options(a: &StArgs) -> ReproOptions {
             a.rotations.iter().map(|&r| r.into()).collect()
         },
         time_limit: a.time_limit.map(Duration::from_secs),
+        stop_after: a.stop_after,
         overrides: Overrides {
             steps: a.steps,
             curriculum: a.curriculum,
@@ -224,6 +235,7 @@ fn options(a: &StArgs) -> ReproOptions {
             adam_eps: a.adam_eps,
             skewed_rows: a.skewed_rows,
             skew_drop: a.skew_drop,
+            decay: a.decay.map(Into::into),
         },
     }
 }
@@ -263,7 +275,7 @@ pub fn run(args: &Args) -> ExitCode {
     if let Some(dir) = &a.resume {
         let limit = a.time_limit.map(Duration::from_secs);
         return finish(
-            resume(dir, a.jobs, &a.gpus, limit, &stop, &print),
+            resume(dir, a.jobs, &a.gpus, limit, a.stop_after, &stop, &print),
             "over all its visits",
         );
     }

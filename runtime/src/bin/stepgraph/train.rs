@@ -304,12 +304,24 @@ enum AActArg {
 /// What `train --precision` accepts (the engines' precisions).
 const TRAIN_PRECISIONS: &[(Precision, &str)] = &[(Precision::F32, ""), (Precision::Bf16, "")];
 
+/// `--decay`, shared with `repro`.
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum DecayArg {
+pub enum DecayArg {
     Matrices,
     Outputs,
     All,
     None,
+}
+
+impl From<DecayArg> for Decay {
+    fn from(d: DecayArg) -> Self {
+        match d {
+            DecayArg::Matrices => Decay::Matrices,
+            DecayArg::Outputs => Decay::Outputs,
+            DecayArg::All => Decay::All,
+            DecayArg::None => Decay::None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -406,12 +418,7 @@ fn run_config(a: &Args) -> RunConfig {
         weight_decay: a.weight_decay,
         beta2: a.beta2,
         adam_eps: a.adam_eps,
-        decay: match a.decay {
-            DecayArg::Matrices => Decay::Matrices,
-            DecayArg::Outputs => Decay::Outputs,
-            DecayArg::All => Decay::All,
-            DecayArg::None => Decay::None,
-        },
+        decay: a.decay.into(),
         clip: (a.clip > 0.0).then_some(a.clip),
         seed: a.seed,
         eval_every: a.eval_every,
