@@ -167,6 +167,12 @@ fn a_screen_with_another_decay_stops_its_runs_and_says_how_they_trained() {
         .find(|l| l.starts_with("| parity-data-s0 |"))
         .unwrap_or_else(|| panic!("no run line in\n{md}"));
     assert!(line.contains("| stopped | 2/6 |"), "{line}");
+    // The table says where its stopped runs stand, which its cells cannot.
+    assert!(
+        stdout.contains("Stopped runs, not yet in the cells above")
+            && stdout.contains("- Parity, Mamba-3: 1 stopped at step 2; "),
+        "{stdout}"
+    );
     // The run's own checkpoint says it trained with the wider decay.
     let cfg = std::fs::read_to_string(
         dir.path()

@@ -95,6 +95,7 @@ pub fn table(
     quick: bool,
 ) -> String {
     let mut out = table_of(results, tasks, rotations, seeds, quick, Reading::Size);
+    out.push_str(&stopped_summary(results, tasks, rotations, quick));
     let any_mix = results
         .iter()
         .any(|r| Reading::Mix.scaled(r, quick).is_some());
@@ -164,28 +165,107 @@ fn per_layer(
     )
 }
 
+/// `(step, raw accuracy %)` in step order, as a run's evaluations logged
+/// them.
+type Series = Vec<(f64, f64)>;
+
+/// A run's accuracy over steps at its training size: the trained weights'
+/// and the weight average's (the trained weights' again where the run kept
+/// no average); `None` where it has no evaluation there.
+fn train_size_series(r: &RunResult, train_len: usize) -> Option<(Series, Series)> {
+    let mut series = eval_accuracy(&r.dir).ok()?;
+    let label = format!("len {train_len}");
+    let trained = series.remove(&label)?;
+    let averaged = series
+        .remove(&format!("{label} ema"))
+        .unwrap_or_else(|| trained.clone());
+    Some((trained, averaged))
+}
+
+/// The first step at which the run all but fitted its training size
+/// ([`curve::fitted`], on the weight average where the run kept one: the
+/// reading its table scores).
+fn fitted_step(r: &RunResult, train_len: usize) -> Option<f64> {
+    let (_, averaged) = train_size_series(r, train_len)?;
+    curve::fitted(&averaged, r.job.task)
+}
+
 /// When the run first cleared chance at its training size, how often it
 /// fell back ([`curve::started_and_relapses`], on the trained weights) and
-/// when it first all but fitted that size ([`curve::fitted`], on the weight
-/// average where the run kept one: the reading its table scores), read from
-/// its own metrics, as table cells; `-` where it has no evaluation there.
+/// when it all but fitted it ([`fitted_step`]), as table cells; `-` where
+/// it has no evaluation there.
 fn learning(r: &RunResult, train_len: usize) -> [String; 3] {
-    let none = || ["-".into(), "-".into(), "-".into()];
-    let Ok(series) = eval_accuracy(&r.dir) else {
-        return none();
+    let Some((trained, averaged)) = train_size_series(r, train_len) else {
+        return ["-".into(), "-".into(), "-".into()];
     };
-    let label = format!("len {train_len}");
-    let Some(points) = series.get(&label) else {
-        return none();
-    };
-    let (started, relapses) = curve::started_and_relapses(points, r.job.task);
-    let averaged = series.get(&format!("{label} ema")).unwrap_or(points);
+    let (started, relapses) = curve::started_and_relapses(&trained, r.job.task);
     let step = |s: Option<f64>| s.map_or_else(|| "never".into(), |s| format!("{s:.0}"));
     [
         step(started),
         relapses.to_string(),
-        step(curve::fitted(averaged, r.job.task)),
+        step(curve::fitted(&averaged, r.job.task)),
     ]
+}
+
+/// One line per cell that holds stopped runs (a screen's `--stop-after`,
+/// or a visit's time limit): how many stopped, at which step, and how many
+/// had all but fitted their training size by then ([`fitted_step`]). In
+/// the arithmetic that split the runs that went on to generalize from the
+/// ones that did not (tests/gpu/STATE-TRACKING.md, round 23), so a screen
+/// reads here what its table's cells cannot show yet. Empty when no run
+/// stopped.
+pub fn stopped_summary(
+    results: &[RunResult],
+    tasks: &[Task],
+    rotations: &[Rotation],
+    quick: bool,
+) -> String {
+    let mut out = String::new();
+    for &t in tasks {
+        let train_len = recipe(t, quick).train_len;
+        for &rot in rotations {
+            let stopped: Vec<&RunResult> = results
+                .iter()
+                .filter(|r| r.job.task == t && r.job.rotation == rot)
+                .filter(|r| r.outcome == Outcome::Stopped)
+                .collect();
+            let (Some(lo), Some(hi)) = (
+                stopped.iter().map(|r| r.steps).min(),
+                stopped.iter().map(|r| r.steps).max(),
+            ) else {
+                continue;
+            };
+            let at = if lo == hi {
+                format!("step {lo}")
+            } else {
+                format!("steps {lo}-{hi}")
+            };
+            let fitted: Vec<String> = stopped
+                .iter()
+                .filter_map(|r| fitted_step(r, train_len))
+                .map(|s| format!("{s:.0}"))
+                .collect();
+            let when = if fitted.is_empty() {
+                String::new()
+            } else {
+                format!(" (at steps {})", fitted.join(", "))
+            };
+            let _ = writeln!(
+                out,
+                "- {}, {}: {} stopped at {at}; {} of them had fitted the training size \
+                 (>= {} scaled){when}",
+                column(t),
+                row(rot),
+                stopped.len(),
+                fitted.len(),
+                curve::FITTED
+            );
+        }
+    }
+    if out.is_empty() {
+        return out;
+    }
+    format!("\nStopped runs, not yet in the cells above:\n\n{out}")
 }
 
 /// The reported scaled accuracy of a run's line: the weight average's, with
@@ -434,4 +514,75 @@ pub fn plots(
         written.push(path);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::repro::runner::Job;
+
+    /// A stopped arithmetic run of seed `seed` whose weight average logged
+    /// `ema` (raw %) at 80 operands every 1000 steps from 1000, and whose
+    /// trained weights logged 50% throughout.
+    fn stopped(dir: &Path, seed: u64, ema: &[f64]) -> RunResult {
+        let run_dir = dir.join(format!("s{seed}"));
+        std::fs::create_dir_all(&run_dir).unwrap();
+        let mut lines = String::new();
+        for (k, a) in (1u32..).zip(ema) {
+            let step = 1000 * k;
+            for (kind, acc) in [("eval", 50.0), ("eval_ema", *a)] {
+                let v =
+                    json!({"kind": kind, "step": step, "set": "len 80", "accuracy": acc / 100.0});
+                lines.push_str(&format!("{v}\n"));
+            }
+        }
+        std::fs::write(run_dir.join(METRICS_FILE), lines).unwrap();
+        RunResult {
+            job: Job {
+                task: Task::ModarithPrec,
+                rotation: Rotation::Data,
+                seed,
+            },
+            outcome: Outcome::Stopped,
+            dir: run_dir,
+            steps: u64::try_from(1000 * ema.len()).unwrap(),
+            total_steps: 40_000,
+            wall: Duration::ZERO,
+            eval: Vec::new(),
+            eval_ema: Vec::new(),
+            dynamics: None,
+            last_loss: None,
+        }
+    }
+
+    #[test]
+    fn a_screen_reads_which_stopped_runs_had_fitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = [
+            // 94% raw (92.5 scaled) at step 2000: fitted there.
+            stopped(dir.path(), 1, &[60.0, 94.0, 99.0]),
+            // 91% at best (88.75 scaled): not fitted.
+            stopped(dir.path(), 2, &[40.0, 80.0, 91.0]),
+        ];
+        // Read on the weight average: the trained weights' 50% fits nothing.
+        let s = stopped_summary(&runs, &[Task::ModarithPrec], &[Rotation::Data], false);
+        assert!(
+            s.contains("- Arith w/o brackets, Mamba-3: 2 stopped at step 3000; 1 of them had fitted the training size (>= 92.5 scaled) (at steps 2000)"),
+            "{s}"
+        );
+        let finished: Vec<RunResult> = runs
+            .into_iter()
+            .map(|r| RunResult {
+                outcome: Outcome::Finished,
+                ..r
+            })
+            .collect();
+        assert_eq!(
+            stopped_summary(&finished, &[Task::ModarithPrec], &[Rotation::Data], false),
+            "",
+            "nothing stopped, nothing to say"
+        );
+    }
 }
