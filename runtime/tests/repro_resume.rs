@@ -46,16 +46,44 @@ fn resume_logged(dir: &Path) -> (ReproReport, Vec<String>) {
     (report, lines.into_inner().unwrap())
 }
 
+/// The two-run table trained in one go, in `dir/whole`: what a stopped and
+/// resumed one must equal.
+fn uninterrupted(dir: &Path) -> ReproReport {
+    state_tracking(
+        &options(&dir.join("whole"), None),
+        &Stop::new(),
+        &|_: &str| {},
+    )
+    .unwrap()
+}
+
+/// Both runs of `resumed` finished, with `whole`'s evaluations to the last
+/// bit.
+fn assert_ends_as(whole: &ReproReport, resumed: &ReproReport) {
+    for rotation in [Rotation::Data, Rotation::None] {
+        let (a, b) = (
+            outcome(&whole.results, rotation),
+            outcome(&resumed.results, rotation),
+        );
+        assert_eq!((&a.outcome, a.steps), (&Outcome::Finished, 60));
+        assert_eq!((&b.outcome, b.steps), (&Outcome::Finished, 60));
+        assert_eq!(a.eval.len(), b.eval.len());
+        for (x, y) in a.eval.iter().zip(&b.eval) {
+            assert_eq!(
+                x.loss.to_bits(),
+                y.loss.to_bits(),
+                "{rotation:?}: {x:?} vs {y:?}"
+            );
+            assert_eq!(x.accuracy.to_bits(), y.accuracy.to_bits());
+        }
+    }
+}
+
 #[test]
 fn a_stopped_table_resumed_ends_as_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
     let quiet = |_: &str| {};
-    let whole = state_tracking(
-        &options(&dir.path().join("whole"), None),
-        &Stop::new(),
-        &quiet,
-    )
-    .unwrap();
+    let whole = uninterrupted(dir.path());
     // The time limit stops the first run (the data row) in its training;
     // the second never starts.
     let part_dir = dir.path().join("part");
@@ -76,24 +104,7 @@ fn a_stopped_table_resumed_ends_as_an_uninterrupted_one() {
         "{lines:?}"
     );
     assert_eq!(resumed.results.len(), 2);
-    for rotation in [Rotation::Data, Rotation::None] {
-        let (a, b) = (
-            outcome(&whole.results, rotation),
-            outcome(&resumed.results, rotation),
-        );
-        assert_eq!((&a.outcome, a.steps), (&Outcome::Finished, 60));
-        assert_eq!((&b.outcome, b.steps), (&Outcome::Finished, 60));
-        // Bit-identical: the same evaluations to the last bit.
-        assert_eq!(a.eval.len(), b.eval.len());
-        for (x, y) in a.eval.iter().zip(&b.eval) {
-            assert_eq!(
-                x.loss.to_bits(),
-                y.loss.to_bits(),
-                "{rotation:?}: {x:?} vs {y:?}"
-            );
-            assert_eq!(x.accuracy.to_bits(), y.accuracy.to_bits());
-        }
-    }
+    assert_ends_as(&whole, &resumed);
     // The files say the same: one line per run, each finished.
     let jsonl = std::fs::read_to_string(part_dir.join("results.jsonl")).unwrap();
     assert_eq!(jsonl.lines().count(), 2, "{jsonl}");
@@ -120,12 +131,7 @@ fn a_stopped_table_resumed_ends_as_an_uninterrupted_one() {
 fn a_screen_stops_every_run_at_its_step_and_a_resume_goes_on_past_it() {
     let dir = tempfile::tempdir().unwrap();
     let quiet = |_: &str| {};
-    let whole = state_tracking(
-        &options(&dir.path().join("whole"), None),
-        &Stop::new(),
-        &quiet,
-    )
-    .unwrap();
+    let whole = uninterrupted(dir.path());
     let screen_dir = dir.path().join("screen");
     let mut o = options(&screen_dir, None);
     o.stop_after = Some(20);
@@ -147,18 +153,7 @@ fn a_screen_stops_every_run_at_its_step_and_a_resume_goes_on_past_it() {
     );
     // One without it finishes them, bit for bit as the uninterrupted table.
     let (done, _) = resume_logged(&screen_dir);
-    for rotation in [Rotation::Data, Rotation::None] {
-        let (a, b) = (
-            outcome(&whole.results, rotation),
-            outcome(&done.results, rotation),
-        );
-        assert_eq!((&b.outcome, b.steps), (&Outcome::Finished, 60));
-        assert_eq!(a.eval.len(), b.eval.len());
-        for (x, y) in a.eval.iter().zip(&b.eval) {
-            assert_eq!(x.loss.to_bits(), y.loss.to_bits(), "{rotation:?}");
-            assert_eq!(x.accuracy.to_bits(), y.accuracy.to_bits());
-        }
-    }
+    assert_ends_as(&whole, &done);
 }
 
 #[test]
