@@ -419,12 +419,16 @@ fn drain(
 /// The recipes line's words for AdamW's weight decay of `decay`.
 fn decay_words(decay: Decay) -> String {
     let on = match decay {
-        Decay::Outputs => "weight decay 0.1 on the embedding and out_proj only",
-        Decay::Matrices => "weight decay 0.1 on every matrix, in_proj too",
-        Decay::All => "weight decay 0.1 on every tensor",
-        Decay::None => "no weight decay",
+        Decay::Outputs => "on the embedding and out_proj only",
+        Decay::Matrices => "on every matrix, in_proj too",
+        Decay::All => "on every tensor",
+        Decay::None => return format!("no weight decay (`--decay {}`)", decay.name()),
     };
-    format!("{on} (`--decay {}`)", decay.name())
+    format!(
+        "weight decay {} {on} (`--decay {}`)",
+        recipe::WEIGHT_DECAY,
+        decay.name()
+    )
 }
 
 /// Puts `results` in table order (task, rotation, seed, as `opts` lists

@@ -417,6 +417,10 @@ pub const PARITY_ADAM_EPS: f64 = 1e-4;
 /// AdamW's second-moment decay of every run.
 pub const BETA2: f64 = 0.95;
 
+/// AdamW's decoupled weight decay of every run, on the tensors its
+/// recipe's [`Decay`] names.
+pub const WEIGHT_DECAY: f64 = 0.1;
+
 /// The state size of every run (the paper's).
 pub const D_STATE: usize = 64;
 /// The state size of quick runs.
@@ -473,7 +477,7 @@ impl Recipe {
             lr: self.lr,
             min_lr: self.min_lr,
             warmup: self.warmup,
-            weight_decay: 0.1,
+            weight_decay: WEIGHT_DECAY,
             // A run that has solved its training size has gradients near
             // 1e-3 for thousands of steps, and AdamW's 0.999 keeps the
             // second moment that small for hundreds of steps after a longer
