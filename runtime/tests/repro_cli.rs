@@ -140,7 +140,7 @@ fn the_bracketed_column_without_times_runs_beside_the_papers_number() {
 }
 
 #[test]
-fn a_screen_with_another_decay_stops_its_runs_and_says_how_they_trained() {
+fn a_screen_with_another_decay_and_warmup_stops_its_runs_and_says_how_they_trained() {
     let dir = tempfile::tempdir().unwrap();
     let stdout = quick_table(
         dir.path(),
@@ -153,6 +153,8 @@ fn a_screen_with_another_decay_stops_its_runs_and_says_how_they_trained() {
             "6",
             "--decay",
             "matrices",
+            "--warmup",
+            "3",
             "--stop-after",
             "2",
         ],
@@ -161,6 +163,10 @@ fn a_screen_with_another_decay_stops_its_runs_and_says_how_they_trained() {
     assert!(
         md.contains("weight decay 0.1 on every matrix, in_proj too (`--decay matrices`)"),
         "{md}"
+    );
+    assert!(
+        md.contains(" --warmup 3 "),
+        "the recipes line takes the warmup: {md}"
     );
     let line = md
         .lines()
@@ -180,6 +186,7 @@ fn a_screen_with_another_decay_stops_its_runs_and_says_how_they_trained() {
     )
     .unwrap();
     assert!(cfg.contains("\"decay\": \"matrices\""), "{cfg}");
+    assert!(cfg.contains("\"warmup\": 3"), "{cfg}");
     // Resumed past the screen, it finishes.
     let out = stepgraph(
         &["repro", "state-tracking", "--resume", "table"],
@@ -188,6 +195,10 @@ fn a_screen_with_another_decay_stops_its_runs_and_says_how_they_trained() {
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     let md = std::fs::read_to_string(dir.path().join("table/table.md")).unwrap();
     assert!(md.contains("| parity-data-s0 | finished | 6/6 |"), "{md}");
+    assert!(
+        md.contains(" --warmup 3 "),
+        "the resumed table keeps the warmup: {md}"
+    );
 }
 
 /// `repro state-tracking --quick` on the CPU, one seed, into `dir/table`,
@@ -333,6 +344,17 @@ fn bad_arguments_are_usage_errors() {
     usage(
         &["repro", "state-tracking", "--resume", "t", "--decay", "all"],
         "'--resume <RESUME>' cannot be used with '--decay <DECAY>'",
+    );
+    usage(
+        &[
+            "repro",
+            "state-tracking",
+            "--resume",
+            "t",
+            "--warmup",
+            "4000",
+        ],
+        "'--resume <RESUME>' cannot be used with '--warmup <WARMUP>'",
     );
     usage(
         &["repro", "state-tracking", "--stop-after", "0"],

@@ -314,6 +314,10 @@ pub struct Overrides {
     /// written before it.
     #[serde(default)]
     pub min_lr: Option<f64>,
+    /// Linear warmup steps (`--warmup`). Absent from tables written
+    /// before it.
+    #[serde(default)]
+    pub warmup: Option<u64>,
     /// Residual width (heads follow: `2 d_model / headdim`).
     pub d_model: Option<usize>,
     /// Head dimension (fewer, wider heads make the step cheaper:
@@ -380,6 +384,7 @@ impl Overrides {
             batch: self.batch.unwrap_or(r.batch),
             lr: self.lr.unwrap_or(r.lr),
             min_lr: self.min_lr.unwrap_or(r.min_lr),
+            warmup: self.warmup.unwrap_or(r.warmup),
             d_model: self.d_model.unwrap_or(r.d_model),
             headdim: self.headdim.unwrap_or(r.headdim),
             curriculum_gate: self.curriculum_gate.unwrap_or(r.curriculum_gate),
@@ -572,6 +577,7 @@ mod tests {
             curriculum_start: Some(30),
             adam_eps: Some(1e-5),
             min_lr: Some(1e-4),
+            warmup: Some(40),
             skewed_rows: Some(0.25),
             skew_drop: Some(0.3),
             decay: Some(Decay::Matrices),
@@ -583,6 +589,12 @@ mod tests {
         }
         assert_eq!(r.decay, Decay::Matrices);
         assert_eq!((base.min_lr, r.min_lr), (1e-5, 1e-4));
+        assert_eq!((base.warmup, r.warmup), (1000, 40));
+        assert_eq!(
+            r.run(Rotation::Data, 1, Precision::Bf16, Device::Cuda, false)
+                .warmup,
+            40
+        );
         assert_eq!((base.adam_eps, r.adam_eps), (DEFAULT_ADAM_EPS, 1e-5));
         assert_eq!(
             r.run(Rotation::Data, 1, Precision::Bf16, Device::Cuda, false)

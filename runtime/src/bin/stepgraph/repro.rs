@@ -96,6 +96,10 @@ struct StArgs {
     /// most the peak (`stepgraph train --min-lr`).
     #[arg(long, value_parser = non_negative, allow_negative_numbers = true)]
     min_lr: Option<f64>,
+    /// Linear warmup steps instead of the recipe's (`stepgraph train
+    /// --warmup`).
+    #[arg(long)]
+    warmup: Option<u64>,
     /// Residual width instead of the recipe's (heads: 2 d_model / headdim).
     #[arg(long, value_parser = at_least_one)]
     d_model: Option<usize>,
@@ -154,7 +158,7 @@ struct StArgs {
         value_delimiter = ',',
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
-            "time_limit", "steps", "curriculum", "batch", "lr", "min_lr", "d_model", "headdim",
+            "time_limit", "steps", "curriculum", "batch", "lr", "min_lr", "warmup", "d_model", "headdim",
             "curriculum_gate", "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps",
             "skewed_rows", "skew_drop", "decay", "stop_after",
         ]
@@ -169,7 +173,7 @@ struct StArgs {
         long,
         conflicts_with_all = [
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
-            "steps", "curriculum", "batch", "lr", "min_lr", "d_model", "headdim", "curriculum_gate",
+            "steps", "curriculum", "batch", "lr", "min_lr", "warmup", "d_model", "headdim", "curriculum_gate",
             "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps", "skewed_rows",
             "skew_drop", "decay", "merge", "out",
         ]
@@ -225,6 +229,7 @@ fn options(a: &StArgs) -> ReproOptions {
             batch: a.batch,
             lr: a.lr,
             min_lr: a.min_lr,
+            warmup: a.warmup,
             d_model: a.d_model,
             headdim: a.headdim,
             curriculum_gate: a.curriculum_gate,
