@@ -1,7 +1,8 @@
 //! Run checkpoints and resume on the CPU engine, through the library: atomic
 //! writes keeping the last K, N steps = N/2 + resume + N/2 bit for bit (the
 //! resume given nothing but the run), refusal of a setting that would change
-//! the run, and a tiny run whose loss falls.
+//! the run, a data seed apart from the weights' seed, and a tiny run whose
+//! loss falls.
 
 use std::path::Path;
 
@@ -45,6 +46,7 @@ fn run_config(steps: u64) -> RunConfig {
         decay: Decay::Matrices,
         clip: Some(1.0),
         seed: 5,
+        data_seed: None,
         eval_every: 3,
         log_every: 1,
         checkpoint_every: 0,
@@ -313,6 +315,15 @@ fn a_setting_that_changes_the_run_is_refused_naming_its_flag() {
         msg.contains("has `--rotation data`, this command says `--rotation none`"),
         "{msg}"
     );
+    let typed = RunConfig {
+        data_seed: Some(6),
+        ..run_config(4)
+    };
+    let msg = refused(typed, Setting::DataSeed);
+    assert!(
+        msg.contains("has `no --data-seed`, this command says `--data-seed 6`"),
+        "{msg}"
+    );
     // The same value typed again is no change.
     let again = train(&resume(&run, run_config(2), vec![Setting::Steps]), &stop).unwrap();
     assert_eq!(again.status, RunStatus::AlreadyFinished);
@@ -449,6 +460,67 @@ fn kept_steps_are_saved_and_outlive_the_newest_k() {
     let done = train(&resume(&run, typed, vec![Setting::KeepAt]), &stop).unwrap();
     assert_eq!(done.status, RunStatus::Finished);
     assert_eq!(steps(&run.join("checkpoints")), vec![3, 7, 8]);
+}
+
+/// The largest difference between two runs' weights, tensor by tensor.
+fn weight_gap(a: &Weights<f32>, b: &Weights<f32>) -> f32 {
+    a.tensors()
+        .iter()
+        .zip(b.tensors())
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn the_data_seed_moves_the_rows_and_leaves_the_initial_weights_to_the_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let stop = Stop::new();
+    // A learning rate far below f32's resolution of any nonzero weight, no
+    // decay: the weights stay the init's (zero-initialized ones move by
+    // ~1e-30), so a difference in losses is a difference in rows.
+    let run = |name: &str, seed: u64, data_seed: Option<u64>| {
+        let path = dir.path().join(name);
+        let opts = TrainOptions {
+            run: RunConfig {
+                seed,
+                data_seed,
+                lr: 1e-30,
+                min_lr: 0.0,
+                weight_decay: 0.0,
+                ..run_config(6)
+            },
+            ..options(&path, 6)
+        };
+        train(&opts, &stop).unwrap();
+        let (cfg, engine, _) =
+            checkpoint::load(&path.join("checkpoints").join(checkpoint::step_dir_name(6))).unwrap();
+        (records(&path), engine.weights, cfg)
+    };
+    let (plain, plain_w, cfg) = run("plain", 5, None);
+    let (same, same_w, _) = run("same", 5, Some(5));
+    let (crossed, crossed_w, _) = run("crossed", 5, Some(6));
+    let (other, _, _) = run("other", 6, None);
+    // The default draws the data from --seed: nothing changes.
+    assert_eq!(same, plain);
+    assert_eq!(weight_gap(&same_w, &plain_w), 0.0);
+    // --seed alone sets the weights: the crossed run holds seed 5's init ...
+    let init5 = Weights::<f32>::init(&cfg, 5).unwrap();
+    let init6 = Weights::<f32>::init(&cfg, 6).unwrap();
+    assert!(weight_gap(&crossed_w, &init5) < 1e-20);
+    assert!(weight_gap(&crossed_w, &init6) > 1e-3);
+    // ... and trains on other rows, scored on other eval sets.
+    let losses = |r: &[String], kind: &str| -> Vec<String> {
+        r.iter().filter(|l| l.contains(kind)).cloned().collect()
+    };
+    assert_ne!(
+        losses(&crossed, "\"kind\":\"train\""),
+        losses(&plain, "\"kind\":\"train\"")
+    );
+    assert_ne!(
+        losses(&crossed, "\"kind\":\"eval\""),
+        losses(&plain, "\"kind\":\"eval\"")
+    );
+    assert_ne!(crossed, other);
 }
 
 #[test]

@@ -496,6 +496,7 @@ impl Recipe {
             decay: self.decay,
             clip: Some(1.0),
             seed,
+            data_seed: None,
             eval_every: self.eval_every,
             log_every: self.steps,
             checkpoint_every: 0,

@@ -595,7 +595,7 @@ fn run_in(
     stop: &Stop,
 ) -> Result<RunSummary, TrainError> {
     let run_dir = dir.path().to_path_buf();
-    let mut data = match Dataset::new(&start.run.data, start.run.seed, start.run.batch) {
+    let mut data = match Dataset::new(&start.run.data, start.run.seed_of_data(), start.run.batch) {
         Err(TrainError::DataRead { path, source }) if start.resumed.is_some() => {
             return Err(TrainError::DataChanged {
                 path,

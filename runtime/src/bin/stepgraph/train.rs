@@ -188,9 +188,14 @@ pub struct Args {
     /// Global gradient-norm clip (0: off).
     #[arg(long, default_value_t = 1.0, value_parser = non_negative, allow_negative_numbers = true)]
     clip: f64,
-    /// Seed of weights and data.
+    /// Seed of the initial weights, and of the data unless --data-seed
+    /// gives another.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Seed of the data alone (training rows and eval sets), so that one
+    /// run's initial weights can train on another run's rows.
+    #[arg(long)]
+    data_seed: Option<u64>,
     /// Evaluate every N steps (0: only at the end).
     #[arg(long, default_value_t = 500)]
     eval_every: u64,
@@ -421,6 +426,7 @@ fn run_config(a: &Args) -> RunConfig {
         decay: a.decay.into(),
         clip: (a.clip > 0.0).then_some(a.clip),
         seed: a.seed,
+        data_seed: a.data_seed,
         eval_every: a.eval_every,
         log_every: a.log_every,
         checkpoint_every: a.checkpoint_every,

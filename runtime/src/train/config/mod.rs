@@ -319,8 +319,15 @@ pub struct RunConfig {
     pub decay: Decay,
     /// Global-norm clip (`None`: off).
     pub clip: Option<f64>,
-    /// Seed of weights and data.
+    /// Seed of the initial weights, and of the data unless `data_seed`
+    /// gives another.
     pub seed: u64,
+    /// Seed of the data alone (training rows and eval sets; `--data-seed`);
+    /// `None`: `seed`'s. Crossing the two tells whether a run's outcome
+    /// follows its initial weights or the order of its rows. Runs saved
+    /// before it was a setting load with `None`, which they trained with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_seed: Option<u64>,
     /// Evaluate every this many steps (and at the end); 0: only at the end.
     pub eval_every: u64,
     /// Plain progress line every this many steps.
@@ -340,6 +347,13 @@ pub struct RunConfig {
     /// checkpoints save it. Runs saved before it was a setting kept none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ema: Option<f64>,
+}
+
+impl RunConfig {
+    /// The seed the data draws from: `data_seed`, else `seed`.
+    pub fn seed_of_data(&self) -> u64 {
+        self.data_seed.unwrap_or(self.seed)
+    }
 }
 
 /// AdamW's usual second-moment decay, the `--beta2` default.
@@ -794,6 +808,7 @@ mod tests {
             decay: super::Decay::Outputs,
             clip: Some(1.0),
             seed: 1,
+            data_seed: None,
             eval_every: 5,
             log_every: 5,
             checkpoint_every: 0,
@@ -817,6 +832,25 @@ mod tests {
         assert_eq!(
             super::DEFAULT_BETA2,
             crate::optim::AdamWConfig::default().beta2
+        );
+    }
+
+    #[test]
+    fn runs_saved_before_data_seed_draw_their_data_from_the_seed() {
+        let run = super::RunConfig {
+            data_seed: Some(9),
+            ..a_run()
+        };
+        assert_eq!(serde_json::to_value(&run).unwrap()["data_seed"], 9);
+        assert_eq!(run.seed_of_data(), 9);
+        let old = saved_without(&run, "data_seed");
+        assert_eq!((old.data_seed, old.seed_of_data()), (None, 1));
+        // Unset, it is not written, so a saved run reads as before it existed.
+        assert!(
+            serde_json::to_value(a_run())
+                .unwrap()
+                .get("data_seed")
+                .is_none()
         );
     }
 

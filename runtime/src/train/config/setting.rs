@@ -52,6 +52,7 @@ pub enum Setting {
     Decay,
     Clip,
     Seed,
+    DataSeed,
     EvalEvery,
     LogEvery,
     CheckpointEvery,
@@ -79,7 +80,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 46] = [
+    pub const ALL: [Setting; 47] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -120,6 +121,7 @@ impl Setting {
         Self::Decay,
         Self::Clip,
         Self::Seed,
+        Self::DataSeed,
         Self::EvalEvery,
         Self::LogEvery,
         Self::CheckpointEvery,
@@ -171,6 +173,7 @@ impl Setting {
             Self::Decay => "--decay",
             Self::Clip => "--clip",
             Self::Seed => "--seed",
+            Self::DataSeed => "--data-seed",
             Self::EvalEvery => "--eval-every",
             Self::LogEvery => "--log-every",
             Self::CheckpointEvery => "--checkpoint-every",
@@ -301,6 +304,7 @@ impl Setting {
             (Self::Decay, _) => with(cfg.decay.name().into()),
             (Self::Clip, _) => with(cfg.clip.map_or_else(|| "0".into(), |c| c.to_string())),
             (Self::Seed, _) => with(cfg.seed.to_string()),
+            (Self::DataSeed, _) => cfg.data_seed.map(|s| format!("{flag} {s}")),
             (Self::EvalEvery, _) => with(cfg.eval_every.to_string()),
             (Self::LogEvery, _) => with(cfg.log_every.to_string()),
             (Self::CheckpointEvery, _) => with(cfg.checkpoint_every.to_string()),
