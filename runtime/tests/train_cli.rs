@@ -467,6 +467,14 @@ fn usage_errors_exit_2() {
         &tiny(&["--task", "copy", "--skewed-rows", "0.5"], dir.path()),
         "--skewed-rows: skews the values and operators of a state-tracking row",
     );
+    usage_error(
+        &tiny(&["--init-from", "nowhere"], dir.path()),
+        "--init-from: nowhere: ",
+    );
+    usage_error(
+        &tiny(&["--init-from", "m", "--resume", "r"], dir.path()),
+        "cannot be used with",
+    );
     let mqar = ["--task", "mqar", "--eval-lens", "99"];
     usage_error(
         &tiny(&mqar, dir.path()),

@@ -1,72 +1,22 @@
 //! Run checkpoints and resume on the CPU engine, through the library: atomic
 //! writes keeping the last K, N steps = N/2 + resume + N/2 bit for bit (the
 //! resume given nothing but the run), refusal of a setting that would change
-//! the run, a data seed apart from the weights' seed, and a tiny run whose
-//! loss falls.
+//! the run, and a tiny run whose loss falls.
+
+mod train_common;
 
 use std::path::Path;
 
-use stepgraph::Precision;
+use stepgraph::mamba3::Mamba3Config;
 use stepgraph::mamba3::cpu::Weights;
-use stepgraph::mamba3::{AActivation, Mamba3Config};
 use stepgraph::train::checkpoint::{self, TrainState};
 use stepgraph::train::data::{DataSpec, Task};
 use stepgraph::train::report::ProgressMode;
 use stepgraph::train::{
-    Decay, Device, DtInit, EngineState, ModelSize, Resume, Rotation, RunConfig, RunStatus, Setting,
-    Stop, TrainError, TrainOptions, train,
+    EngineState, Resume, Rotation, RunConfig, RunStatus, Setting, Stop, TrainError, TrainOptions,
+    train,
 };
-
-fn run_config(steps: u64) -> RunConfig {
-    RunConfig {
-        data: DataSpec::task(Task::Parity, 6, vec![6, 12]),
-        model: ModelSize {
-            d_model: 8,
-            n_layer: 1,
-            d_state: 8,
-            headdim: 4,
-            expand: 2,
-            full_rope: false,
-            rotation: Rotation::Data,
-            a_activation: AActivation::HeavyTail,
-            outproj_norm: false,
-            chunk_size: 64,
-            dt_init: DtInit::default(),
-        },
-        device: Device::Cpu,
-        precision: Precision::F32,
-        batch: 6,
-        steps,
-        lr: 1e-2,
-        min_lr: 1e-3,
-        warmup: 2,
-        weight_decay: 0.1,
-        beta2: 0.999,
-        adam_eps: stepgraph::train::DEFAULT_ADAM_EPS,
-        decay: Decay::Matrices,
-        clip: Some(1.0),
-        seed: 5,
-        data_seed: None,
-        eval_every: 3,
-        log_every: 1,
-        checkpoint_every: 0,
-        keep: 2,
-        keep_at: Vec::new(),
-        ema: None,
-    }
-}
-
-fn options(run_dir: &Path, steps: u64) -> TrainOptions {
-    TrainOptions {
-        run: run_config(steps),
-        run_dir: Some(run_dir.to_path_buf()),
-        resume: None,
-        stop_after: None,
-        progress: ProgressMode::Quiet,
-        log_dynamics: false,
-        gpu: 0,
-    }
-}
+use train_common::{options, records, run_config};
 
 /// Options resuming `run` with `given` settings read from `typed`.
 fn resume(run: &Path, typed: RunConfig, given: Vec<Setting>) -> TrainOptions {
@@ -86,23 +36,6 @@ fn resume(run: &Path, typed: RunConfig, given: Vec<Setting>) -> TrainOptions {
 
 fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn records(run: &Path) -> Vec<String> {
-    // The train and eval records minus their timing fields, which differ
-    // run to run.
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .filter(|l| !l.contains("\"kind\":\"resume\""))
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let o = v.as_object_mut().unwrap();
-            o.remove("elapsed_s");
-            o.remove("tokens_per_s");
-            v.to_string()
-        })
-        .collect()
 }
 
 /// Trains `cfg(n)` whole, and again stopped after `stop_at` steps and
@@ -460,67 +393,6 @@ fn kept_steps_are_saved_and_outlive_the_newest_k() {
     let done = train(&resume(&run, typed, vec![Setting::KeepAt]), &stop).unwrap();
     assert_eq!(done.status, RunStatus::Finished);
     assert_eq!(steps(&run.join("checkpoints")), vec![3, 7, 8]);
-}
-
-/// The largest difference between two runs' weights, tensor by tensor.
-fn weight_gap(a: &Weights<f32>, b: &Weights<f32>) -> f32 {
-    a.tensors()
-        .iter()
-        .zip(b.tensors())
-        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
-        .fold(0.0, f32::max)
-}
-
-#[test]
-fn the_data_seed_moves_the_rows_and_leaves_the_initial_weights_to_the_seed() {
-    let dir = tempfile::tempdir().unwrap();
-    let stop = Stop::new();
-    // A learning rate far below f32's resolution of any nonzero weight, no
-    // decay: the weights stay the init's (zero-initialized ones move by
-    // ~1e-30), so a difference in losses is a difference in rows.
-    let run = |name: &str, seed: u64, data_seed: Option<u64>| {
-        let path = dir.path().join(name);
-        let opts = TrainOptions {
-            run: RunConfig {
-                seed,
-                data_seed,
-                lr: 1e-30,
-                min_lr: 0.0,
-                weight_decay: 0.0,
-                ..run_config(6)
-            },
-            ..options(&path, 6)
-        };
-        train(&opts, &stop).unwrap();
-        let (cfg, engine, _) =
-            checkpoint::load(&path.join("checkpoints").join(checkpoint::step_dir_name(6))).unwrap();
-        (records(&path), engine.weights, cfg)
-    };
-    let (plain, plain_w, cfg) = run("plain", 5, None);
-    let (same, same_w, _) = run("same", 5, Some(5));
-    let (crossed, crossed_w, _) = run("crossed", 5, Some(6));
-    let (other, _, _) = run("other", 6, None);
-    // The default draws the data from --seed: nothing changes.
-    assert_eq!(same, plain);
-    assert_eq!(weight_gap(&same_w, &plain_w), 0.0);
-    // --seed alone sets the weights: the crossed run holds seed 5's init ...
-    let init5 = Weights::<f32>::init(&cfg, 5).unwrap();
-    let init6 = Weights::<f32>::init(&cfg, 6).unwrap();
-    assert!(weight_gap(&crossed_w, &init5) < 1e-20);
-    assert!(weight_gap(&crossed_w, &init6) > 1e-3);
-    // ... and trains on other rows, scored on other eval sets.
-    let losses = |r: &[String], kind: &str| -> Vec<String> {
-        r.iter().filter(|l| l.contains(kind)).cloned().collect()
-    };
-    assert_ne!(
-        losses(&crossed, "\"kind\":\"train\""),
-        losses(&plain, "\"kind\":\"train\"")
-    );
-    assert_ne!(
-        losses(&crossed, "\"kind\":\"eval\""),
-        losses(&plain, "\"kind\":\"eval\"")
-    );
-    assert_ne!(crossed, other);
 }
 
 #[test]

@@ -497,6 +497,7 @@ impl Recipe {
             clip: Some(1.0),
             seed,
             data_seed: None,
+            init_from: None,
             eval_every: self.eval_every,
             log_every: self.steps,
             checkpoint_every: 0,

@@ -201,6 +201,22 @@ pub enum TrainError {
         /// Its value in this run.
         expected: String,
     },
+    /// An `--init-from` model is not the model the flags describe (exit
+    /// code 2).
+    #[error(
+        "--init-from {}: {field} is {found} there, {expected} in the model the flags describe",
+        dir.display()
+    )]
+    InitMismatch {
+        /// The model directory.
+        dir: PathBuf,
+        /// The differing setting of its `config.json`.
+        field: String,
+        /// Its value there.
+        found: String,
+        /// Its value in this run.
+        expected: String,
+    },
     /// A checkpoint's training state is missing or malformed.
     #[error("checkpoint {}: {reason}", dir.display())]
     BadCheckpoint {
@@ -240,7 +256,8 @@ impl TrainError {
             Self::InvalidOption { .. }
             | Self::TooBig { .. }
             | Self::RunDirTaken { .. }
-            | Self::ResumeChange { .. } => 2,
+            | Self::ResumeChange { .. }
+            | Self::InitMismatch { .. } => 2,
             _ => 1,
         }
     }

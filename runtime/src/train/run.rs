@@ -43,6 +43,7 @@ use super::schedule::LrSchedule;
 use super::stop::Stop;
 use crate::Precision;
 use crate::device::Gpu;
+use crate::mamba3::checkpoint as model_ckpt;
 use crate::mamba3::cpu::Weights;
 use crate::mamba3::{AActivation, Mamba3Config, RopeFraction};
 use crate::optim::AdamWConfig;
@@ -188,6 +189,29 @@ pub(crate) fn one_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
 }
 
+/// The weights of an `--init-from` model directory, stored absolute in the
+/// run's record; refused unless its config is the run's model, so a run
+/// never starts from weights of another shape or map.
+fn initial_weights(run: &mut RunConfig, cfg: &Mamba3Config) -> Result<Weights<f32>, TrainError> {
+    let Some(dir) = &mut run.init_from else {
+        return Ok(Weights::init(cfg, run.seed)?);
+    };
+    *dir = std::fs::canonicalize(&*dir).map_err(|e| TrainError::InvalidOption {
+        flag: "--init-from",
+        reason: format!("{}: {e}", dir.display()),
+    })?;
+    let (found, weights) = model_ckpt::load::<f32>(dir)?;
+    match checkpoint::config_difference(&found, cfg) {
+        Some((field, found, expected)) => Err(TrainError::InitMismatch {
+            dir: dir.clone(),
+            field,
+            found,
+            expected,
+        }),
+        None => Ok(weights),
+    }
+}
+
 /// The run with its `--data` path made absolute, so a resume from another
 /// directory finds the file.
 fn absolute_data(run: &RunConfig) -> Result<RunConfig, TrainError> {
@@ -227,6 +251,8 @@ struct Start {
     resolved: Resolved,
     estimate: (memory::Estimate, Option<u128>, String),
     resumed: Option<(Found, Vec<Change>)>,
+    /// A new run's first weights; a resumed run's come from its checkpoint.
+    initial: Option<Weights<f32>>,
 }
 
 /// Runs (or resumes) a training job. `stop` is polled after every step and
@@ -293,6 +319,12 @@ pub fn train(opts: &TrainOptions, stop: &Stop) -> Result<RunSummary, TrainError>
         ),
     };
     memory::check(&est, available, &place)?;
+    // After the memory check, which refuses a model too big to draw.
+    let mut run = run;
+    let initial = match &resumed {
+        None => Some(initial_weights(&mut run, &cfg)?),
+        Some(_) => None,
+    };
     let dir = match held {
         Some(d) => d,
         None => match &opts.run_dir {
@@ -306,6 +338,7 @@ pub fn train(opts: &TrainOptions, stop: &Stop) -> Result<RunSummary, TrainError>
         resolved,
         estimate: (est, available, place),
         resumed,
+        initial,
     };
     match run_in(&dir, start, opts, stop) {
         Ok(summary) => Ok(summary),
@@ -337,8 +370,8 @@ fn already_finished(found: &Found, run: &RunConfig, dir: Option<&RunDir>) -> Run
     }
 }
 
-/// Builds the engine over fresh weights (frozen slices zeroed); the GPU
-/// context moves from `start` into it.
+/// Builds the engine over the run's first weights (frozen slices zeroed),
+/// which a resume then replaces; the GPU context moves from `start` into it.
 fn build_engine(
     start: &mut Start,
     settings: OptimSettings,
@@ -346,7 +379,10 @@ fn build_engine(
     width: usize,
 ) -> Result<(Box<dyn TrainEngine>, Option<String>), TrainError> {
     let (run, cfg) = (&start.run, &start.cfg);
-    let mut weights = Weights::<f32>::init(cfg, run.seed)?;
+    let mut weights = match start.initial.take() {
+        Some(w) => w,
+        None => Weights::<f32>::init(cfg, run.seed)?,
+    };
     let mut tensors = weights.tensors_mut();
     for f in &settings.frozen {
         if let Some(w) = tensors
@@ -410,6 +446,9 @@ fn start_lines(
         if cfg.is_outproj_norm { " outproj-norm" } else { "" },
         data.describe()
     ));
+    if let (0, Some(dir)) = (at, &run.init_from) {
+        progress.line(&format!("initial weights from {}", dir.display()));
+    }
     progress.line(&format!(
         "batch {} x {} tokens, {} steps{}, lr {:.1e} (warmup {}, cosine to {:.1e}); run dir {}",
         run.batch,

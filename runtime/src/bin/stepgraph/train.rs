@@ -196,6 +196,12 @@ pub struct Args {
     /// run's initial weights can train on another run's rows.
     #[arg(long)]
     data_seed: Option<u64>,
+    /// Start from the weights of this model directory (config.json and
+    /// model.safetensors in the official layout: a checkpoint, its ema/, or
+    /// `stepgraph init`'s output) instead of drawing them from --seed; its
+    /// config must be the one the model flags describe.
+    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    init_from: Option<PathBuf>,
     /// Evaluate every N steps (0: only at the end).
     #[arg(long, default_value_t = 500)]
     eval_every: u64,
@@ -427,6 +433,7 @@ fn run_config(a: &Args) -> RunConfig {
         clip: (a.clip > 0.0).then_some(a.clip),
         seed: a.seed,
         data_seed: a.data_seed,
+        init_from: a.init_from.clone(),
         eval_every: a.eval_every,
         log_every: a.log_every,
         checkpoint_every: a.checkpoint_every,

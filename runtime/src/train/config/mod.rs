@@ -11,6 +11,7 @@
 //! against its flag, before anything is allocated.
 
 use std::fmt;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -328,6 +329,12 @@ pub struct RunConfig {
     /// before it was a setting load with `None`, which they trained with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_seed: Option<u64>,
+    /// A model directory (`config.json` and `model.safetensors`, as every
+    /// checkpoint and `stepgraph init` write) whose weights the run starts
+    /// from instead of drawing them from `seed` (`--init-from`, stored
+    /// absolute). Read once, at the run's first step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
     /// Evaluate every this many steps (and at the end); 0: only at the end.
     pub eval_every: u64,
     /// Plain progress line every this many steps.
@@ -809,6 +816,7 @@ mod tests {
             clip: Some(1.0),
             seed: 1,
             data_seed: None,
+            init_from: None,
             eval_every: 5,
             log_every: 5,
             checkpoint_every: 0,

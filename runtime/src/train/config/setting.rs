@@ -53,6 +53,7 @@ pub enum Setting {
     Clip,
     Seed,
     DataSeed,
+    InitFrom,
     EvalEvery,
     LogEvery,
     CheckpointEvery,
@@ -80,7 +81,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 47] = [
+    pub const ALL: [Setting; 48] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -122,6 +123,7 @@ impl Setting {
         Self::Clip,
         Self::Seed,
         Self::DataSeed,
+        Self::InitFrom,
         Self::EvalEvery,
         Self::LogEvery,
         Self::CheckpointEvery,
@@ -174,6 +176,7 @@ impl Setting {
             Self::Clip => "--clip",
             Self::Seed => "--seed",
             Self::DataSeed => "--data-seed",
+            Self::InitFrom => "--init-from",
             Self::EvalEvery => "--eval-every",
             Self::LogEvery => "--log-every",
             Self::CheckpointEvery => "--checkpoint-every",
@@ -305,6 +308,10 @@ impl Setting {
             (Self::Clip, _) => with(cfg.clip.map_or_else(|| "0".into(), |c| c.to_string())),
             (Self::Seed, _) => with(cfg.seed.to_string()),
             (Self::DataSeed, _) => cfg.data_seed.map(|s| format!("{flag} {s}")),
+            (Self::InitFrom, _) => cfg
+                .init_from
+                .as_ref()
+                .map(|p| format!("{flag} {}", p.display())),
             (Self::EvalEvery, _) => with(cfg.eval_every.to_string()),
             (Self::LogEvery, _) => with(cfg.log_every.to_string()),
             (Self::CheckpointEvery, _) => with(cfg.checkpoint_every.to_string()),
