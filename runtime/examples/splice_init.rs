@@ -185,14 +185,19 @@ mod tests {
         path
     }
 
-    #[test]
-    fn parts_come_from_the_donor_and_the_rest_from_the_base() {
+    /// A temporary directory holding the tiny model's inits of seeds 1
+    /// (the base) and 2 (the donor).
+    fn base_and_donor() -> (tempfile::TempDir, Mamba3Config, PathBuf, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let cfg = Mamba3Config::tiny();
-        let (base, donor) = (
-            model(dir.path(), "a", &cfg, 1),
-            model(dir.path(), "b", &cfg, 2),
-        );
+        let base = model(dir.path(), "a", &cfg, 1);
+        let donor = model(dir.path(), "b", &cfg, 2);
+        (dir, cfg, base, donor)
+    }
+
+    #[test]
+    fn parts_come_from_the_donor_and_the_rest_from_the_base() {
+        let (dir, cfg, base, donor) = base_and_donor();
         let out = dir.path().join("out");
         let args = parse(
             [&base, &donor, &out]
@@ -234,12 +239,7 @@ mod tests {
 
     #[test]
     fn a_part_that_takes_nothing_or_another_model_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = Mamba3Config::tiny();
-        let (base, donor) = (
-            model(dir.path(), "a", &cfg, 1),
-            model(dir.path(), "b", &cfg, 2),
-        );
+        let (dir, cfg, base, donor) = base_and_donor();
         let wide = Mamba3Config {
             d_model: 2 * cfg.d_model,
             ..cfg.clone()

@@ -189,9 +189,10 @@ pub(crate) fn one_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
 }
 
-/// The weights of an `--init-from` model directory, stored absolute in the
-/// run's record; refused unless its config is the run's model, so a run
-/// never starts from weights of another shape or map.
+/// A new run's first weights: drawn from its seed, or read from its
+/// `--init-from` model directory (whose path the run's record keeps
+/// absolute), refused unless that directory's config is the run's model, so
+/// a run never starts from weights of another shape or map.
 fn initial_weights(run: &mut RunConfig, cfg: &Mamba3Config) -> Result<Weights<f32>, TrainError> {
     let Some(dir) = &mut run.init_from else {
         return Ok(Weights::init(cfg, run.seed)?);
