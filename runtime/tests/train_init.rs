@@ -10,24 +10,30 @@ use std::path::{Path, PathBuf};
 use stepgraph::mamba3::checkpoint as model_ckpt;
 use stepgraph::mamba3::cpu::Weights;
 use stepgraph::train::checkpoint;
-use stepgraph::train::{RunConfig, Stop, TrainError, TrainOptions, train};
+use stepgraph::train::{RunConfig, RunSummary, Stop, TrainError, TrainOptions, train};
 use train_common::{options, records, run_config, weight_gap};
+
+/// Trains `run` as a new run in `path`.
+fn new_run(path: &Path, run: RunConfig) -> Result<RunSummary, TrainError> {
+    let opts = TrainOptions {
+        run,
+        ..options(path, 6)
+    };
+    train(&opts, &Stop::new())
+}
 
 /// A run whose weights stay where they start: a learning rate far below
 /// f32's resolution of any weight the init draws (none is zero), no decay.
 /// A difference in its losses is a difference in rows or first weights.
 fn frozen(dir: &Path, name: &str, cfg: RunConfig) -> (Vec<String>, Weights<f32>) {
     let path = dir.join(name);
-    let opts = TrainOptions {
-        run: RunConfig {
-            lr: 1e-30,
-            min_lr: 0.0,
-            weight_decay: 0.0,
-            ..cfg
-        },
-        ..options(&path, 6)
+    let run = RunConfig {
+        lr: 1e-30,
+        min_lr: 0.0,
+        weight_decay: 0.0,
+        ..cfg
     };
-    train(&opts, &Stop::new()).unwrap();
+    new_run(&path, run).unwrap();
     (records(&path), last_weights(&path).1)
 }
 
@@ -76,35 +82,24 @@ fn the_data_seed_moves_the_rows_and_leaves_the_initial_weights_to_the_seed() {
 #[test]
 fn a_run_from_a_model_directory_starts_from_its_weights() {
     let dir = tempfile::tempdir().unwrap();
-    let stop = Stop::new();
     // Seed 5's first weights, saved as a model directory.
     frozen(dir.path(), "init5", run_config(6));
     let (init5, _) = last_weights(&dir.path().join("init5"));
     // Seed 7 draws the rows; the weights are the directory's, so the run
     // is seed 7's data on seed 5's init, step for step.
-    let from = |name: &str| {
-        let path = dir.path().join(name);
-        let opts = TrainOptions {
-            run: RunConfig {
-                seed: 7,
-                init_from: Some(init5.clone()),
-                ..run_config(6)
-            },
-            ..options(&path, 6)
-        };
-        train(&opts, &stop).unwrap();
-        path
+    let started = dir.path().join("from");
+    let from = RunConfig {
+        seed: 7,
+        init_from: Some(init5.clone()),
+        ..run_config(6)
     };
-    let crossed = TrainOptions {
-        run: RunConfig {
-            seed: 5,
-            data_seed: Some(7),
-            ..run_config(6)
-        },
-        ..options(&dir.path().join("crossed"), 6)
+    new_run(&started, from).unwrap();
+    let crossed = RunConfig {
+        seed: 5,
+        data_seed: Some(7),
+        ..run_config(6)
     };
-    train(&crossed, &stop).unwrap();
-    let started = from("from");
+    new_run(&dir.path().join("crossed"), crossed).unwrap();
     assert_eq!(records(&started), records(&dir.path().join("crossed")));
     // The run records the directory, absolute; a resume reads its own
     // checkpoint and never the directory again.
@@ -121,29 +116,20 @@ fn a_run_from_a_model_directory_starts_from_its_weights() {
         ..options(&started, 8)
     };
     std::fs::remove_dir_all(dir.path().join("init5")).unwrap();
-    let done = train(&more, &stop).unwrap();
+    let done = train(&more, &Stop::new()).unwrap();
     assert_eq!(done.step, 8);
 }
 
 #[test]
 fn a_model_directory_of_another_model_is_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let stop = Stop::new();
     frozen(dir.path(), "small", run_config(6));
     let (small, _) = last_weights(&dir.path().join("small"));
     let mut wide = run_config(6);
     wide.model.d_model = 16;
     wide.init_from = Some(small.clone());
     let run = dir.path().join("wide");
-    let err = train(
-        &TrainOptions {
-            run: wide,
-            ..options(&run, 6)
-        },
-        &stop,
-    )
-    .err()
-    .unwrap();
+    let err = new_run(&run, wide).err().unwrap();
     assert!(
         matches!(&err, TrainError::InitMismatch { field, .. } if field == "d_model"),
         "{err}"
@@ -158,14 +144,11 @@ fn a_model_directory_of_another_model_is_refused_naming_the_field() {
     );
     assert!(!run.exists(), "a refused run leaves no directory");
     // A directory that is not there is a usage error naming the flag.
-    let missing = TrainOptions {
-        run: RunConfig {
-            init_from: Some(dir.path().join("nowhere")),
-            ..run_config(6)
-        },
-        ..options(&run, 6)
+    let missing = RunConfig {
+        init_from: Some(dir.path().join("nowhere")),
+        ..run_config(6)
     };
-    let err = train(&missing, &stop).err().unwrap();
+    let err = new_run(&run, missing).err().unwrap();
     assert!(err.to_string().starts_with("--init-from: "), "{err}");
     assert_eq!(err.exit_code(), 2);
     assert!(!run.exists());
