@@ -11,12 +11,12 @@
 #     without decay (which moves no weight). It first checks that the flags
 #     below are still the recipe's: a one-step `repro state-tracking` run of
 #     the first seed must hold the same run config (cadence aside).
-#   .gpu/bin/splice_init .gpu/inits/init9 .gpu/inits/init1 .gpu/inits/x-dd \
-#     in_proj.weight:640-704 dt_bias          # init 9 with init 1's dd rows
+#   .gpu/bin/splice_init .gpu/inits/init1 .gpu/inits/init9 .gpu/inits/x-dd \
+#     in_proj.weight:640-704 dt_bias          # init 1 with init 9's dd rows
 #
 # There, with .gpu carried (runs go to runs/cross, kept while the machine
 # stays warm, so a second call resumes them):
-#   STOP=24000 TOTAL=530 bash tests/gpu/init-cross.sh train 9:1 1:9 x-dd:9
+#   STOP=24000 TOTAL=530 bash tests/gpu/init-cross.sh train 9:1 1:9 x-dd:1
 #     each INIT:DATA trains `--seed INIT --data-seed DATA`, or, where INIT
 #     names a directory under .gpu/inits, `--init-from` it with
 #     `--data-seed DATA`; all at once under CUDA MPS, each stopped at step
