@@ -52,28 +52,26 @@ PY
 }
 
 inits() {
-  local dir=$1 tmp
+  local dir=$1 tmp s want got
   shift
   [ $# -gt 0 ] || { echo "usage: init-cross.sh inits DIR SEED..." >&2; exit 2; }
-  mkdir -p "$dir"
   tmp=$(mktemp -d)
   for s in "$@"; do
     "$bin" train "${recipe[@]}" --device cpu --precision f32 --lr 1e-30 --min-lr 1e-30 \
-      --weight-decay 0 \
-      --seed "$s" --stop-after 1 --run-dir "$tmp/run$s" --progress quiet > "$tmp/run$s.log" 2>&1 \
-      || { cat "$tmp/run$s.log" >&2; exit 1; }
-    if [ "$s" = "$1" ]; then
-      "$bin" repro state-tracking --tasks modarith-prec --rotations data --seeds 1 \
-        --first-seed "$s" --precision f32 --device cpu --stop-after 1 --jobs 1 \
-        --out "$tmp/repro" > "$tmp/repro.log" 2>&1 || { cat "$tmp/repro.log" >&2; exit 1; }
-      local want got
-      want=$(config_of "$tmp"/repro/runs/*/checkpoints/step-*/train_state.json) || exit 1
-      got=$(config_of "$tmp/run$s"/checkpoints/step-*/train_state.json) || exit 1
-      if [ -z "$want" ] || ! diff <(echo "$want") <(echo "$got") >&2; then
-        echo "init-cross.sh: its flags are no longer the recipe's (diff above)" >&2
-        exit 1
-      fi
-    fi
+      --weight-decay 0 --seed "$s" --stop-after 1 --run-dir "$tmp/run$s" --progress quiet \
+      > "$tmp/run$s.log" 2>&1 || { cat "$tmp/run$s.log" >&2; exit 1; }
+  done
+  # Before any init is written: the first seed's run must be the recipe's.
+  "$bin" repro state-tracking --tasks modarith-prec --rotations data --seeds 1 \
+    --first-seed "$1" --precision f32 --device cpu --stop-after 1 --jobs 1 \
+    --out "$tmp/repro" > "$tmp/repro.log" 2>&1 || { cat "$tmp/repro.log" >&2; exit 1; }
+  want=$(config_of "$tmp"/repro/runs/*/checkpoints/step-*/train_state.json) || exit 1
+  got=$(config_of "$tmp/run$1"/checkpoints/step-*/train_state.json) || exit 1
+  if [ -z "$want" ] || ! diff <(echo "$want") <(echo "$got") >&2; then
+    echo "init-cross.sh: its flags are no longer the recipe's (diff above)" >&2
+    exit 1
+  fi
+  for s in "$@"; do
     rm -rf "$dir/init$s" && mkdir -p "$dir/init$s"
     cp "$tmp/run$s"/checkpoints/step-00000001/{config.json,model.safetensors} "$dir/init$s/"
     echo "$dir/init$s"
