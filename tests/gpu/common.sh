@@ -1,6 +1,7 @@
 # Sourced by the GPU scripts that drive `stepgraph` (state-tracking.sh,
-# table-part.sh): the staged binary, checked, and the two directories every
-# such script writes, the returned files ($OUT) and the runs ($WORK).
+# table-part.sh, init-cross.sh): the staged binary, checked, and the two
+# directories every such script writes, the returned files ($OUT) and the
+# runs ($WORK).
 # Sets `bin`, `out` and `work`; exits 2 when the binary is missing.
 bin=${BIN:-.gpu/bin/stepgraph}
 if [ ! -x "$bin" ]; then

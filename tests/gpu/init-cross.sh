@@ -25,9 +25,8 @@
 #     training size; fitted: at >= 94%; scaled scores; raw curve) into
 #     $OUT/summary.txt; FETCH=1 also returns every run's metrics.
 set -uo pipefail
-cd "$(git rev-parse --show-toplevel 2>/dev/null || pwd)"
-bin=${BIN:-.gpu/bin/stepgraph}
-[ -x "$bin" ] || { echo "no $bin: run 'bash tests/gpu/stage --no-tests' first" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/../.." && . "$here/common.sh"
 # The arithmetic recipe (runtime/src/repro/recipe.rs) as `train` flags, bf16's
 # chunk; `inits` checks them against `repro`.
 recipe=(--task modarith-prec --train-len 80 --eval-lens 80,128 --curriculum 24000
@@ -82,7 +81,7 @@ inits() {
 train() {
   [ $# -gt 0 ] || { echo "usage: init-cross.sh train INIT:DATA..." >&2; exit 2; }
   local total=${TOTAL:-530} stop=${STOP:-24000} root=runs/cross p a b dir
-  mkdir -p "$root" "${OUT:=$(mktemp -d)}"
+  mkdir -p "$root"
   nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/gpu: /'
   # One process per run; MPS lets their kernels share the GPU instead of
   # time-slicing it (round 25: 6.9 against 7.8 ms a run-step).
@@ -106,7 +105,7 @@ train() {
   done
   wait
   echo "trained for $SECONDS s"
-  python3 - "$root" "$@" <<'PY' | tee "$OUT/summary.txt"
+  python3 - "$root" "$@" <<'PY' | tee "$out/summary.txt"
 import json, os, sys
 root, pairs = sys.argv[1], sys.argv[2:]
 scaled = lambda a: f"{(a - 0.2) / 0.8 * 100:.1f}"
@@ -136,7 +135,7 @@ for p in pairs:
 PY
   grep -h "error" "$root"/*.log | sort | uniq -c | head
   if [ -n "${FETCH:-}" ]; then
-    (cd "$root" && tar czf "$OUT/metrics.tgz" ./*/metrics.jsonl ./*.log)
+    (cd "$root" && tar czf "$out/metrics.tgz" ./*/metrics.jsonl ./*.log)
     echo quit | nvidia-cuda-mps-control
   fi
 }
