@@ -23,7 +23,9 @@
 #     STOP or after TOTAL seconds (cleanly: a later call resumes it). Prints
 #     a line per run (started: the first evaluation at >= 50% raw at the
 #     training size; fitted: at >= 94%; scaled scores; raw curve) into
-#     $OUT/summary.txt; FETCH=1 also returns every run's metrics.
+#     $OUT/summary.txt; FETCH=1 also returns every run's metrics. LR
+#     (default the recipe's 1e-3) sets new runs' peak learning rate, and
+#     ROOT (default runs/cross) where they go.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.." && . "$here/common.sh"
@@ -80,7 +82,7 @@ inits() {
 
 train() {
   [ $# -gt 0 ] || { echo "usage: init-cross.sh train INIT:DATA..." >&2; exit 2; }
-  local total=${TOTAL:-530} stop=${STOP:-24000} root=runs/cross p a b dir
+  local total=${TOTAL:-530} stop=${STOP:-24000} root=${ROOT:-runs/cross} p a b dir
   mkdir -p "$root"
   nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/gpu: /'
   # One process per run; MPS lets their kernels share the GPU instead of
@@ -99,7 +101,7 @@ train() {
       [ -d ".gpu/inits/$a" ] && from=(--init-from ".gpu/inits/$a")
       rm -rf "$dir"
       timeout -s INT "$total" "$bin" train "${recipe[@]}" --device cuda --precision bf16 \
-        --lr 1e-3 --min-lr 1e-5 --weight-decay 0.1 --checkpoint-every 4000 --keep 1 "${from[@]}" \
+        --lr "${LR:-1e-3}" --min-lr 1e-5 --weight-decay 0.1 --checkpoint-every 4000 --keep 1 "${from[@]}" \
         --data-seed "$b" --stop-after "$stop" --run-dir "$dir" --progress plain > "$dir.log" 2>&1 &
     fi
   done
