@@ -85,11 +85,7 @@ train() {
   local total=${TOTAL:-530} stop=${STOP:-24000} root=${ROOT:-runs/cross} p a b dir
   mkdir -p "$root"
   nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/gpu: /'
-  # One process per run; MPS lets their kernels share the GPU instead of
-  # time-slicing it (round 25: 6.9 against 7.8 ms a run-step).
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  pgrep -f nvidia-cuda-mps-control >/dev/null || nvidia-cuda-mps-control -d
+  start_mps # one process per run
   SECONDS=0
   for p in "$@"; do
     a=${p%:*} b=${p#*:} dir=$root/i$a-d$b

@@ -26,17 +26,11 @@
 # it here into .gpu/sweep, carry .gpu, and pass RESUME=.gpu/sweep.
 set -uo pipefail
 sweep=$1
-bin=${2:-.gpu/bin/stepgraph}
-if [ ! -x "$bin" ]; then
-  echo "no $bin: run 'bash tests/gpu/stage' first, or pass the binary as the second argument" >&2
-  exit 2
-fi
-top=${OUT:-$(mktemp -d)}
-out=$top/sweep
+BIN=${2:-${BIN:-.gpu/bin/stepgraph}}
+. "$(dirname "$0")/common.sh"
+top=$out out=$out/sweep
 mkdir -p "$out"
-if [ "${MPS:-0}" = 1 ]; then
-  nvidia-cuda-mps-control -d && echo "MPS daemon started" || echo "MPS did not start: the jobs time-slice"
-fi
+[ "${MPS:-0}" = 1 ] && start_mps
 limit=()
 [ -n "${LIMIT:-}" ] && limit=(timeout --preserve-status -s INT "$LIMIT")
 collect() {
