@@ -25,7 +25,12 @@
 #     training size; fitted: at >= 94%; scaled scores; raw curve) into
 #     $OUT/summary.txt; FETCH=1 also returns every run's metrics. LR
 #     (default the recipe's 1e-3) sets new runs' peak learning rate, and
-#     ROOT (default runs/cross) where they go.
+#     ROOT (default runs/cross) where they go. KEEP=1 returns each run's
+#     directory as $OUT/run-iINIT-dDATA.tgz (rounds that span sessions:
+#     unpack them here into .gpu/keep/NAME, carry .gpu, and start the later
+#     call with `mkdir -p runs && cp -r .gpu/keep/NAME runs/` to resume
+#     with ROOT=runs/NAME; a ROOT inside .gpu would be overwritten by the
+#     next call's carried copy).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.." && . "$here/common.sh"
@@ -135,6 +140,13 @@ PY
   if [ -n "${FETCH:-}" ]; then
     (cd "$root" && tar czf "$out/metrics.tgz" ./*/metrics.jsonl ./*.log)
     echo quit | nvidia-cuda-mps-control
+  fi
+  # KEEP=1: each run's directory (its last checkpoint) comes back too, one
+  # file per run, so that a later machine resumes it from a carried ROOT.
+  if [ -n "${KEEP:-}" ]; then
+    for p in "$@"; do
+      tar czf "$out/run-i${p%:*}-d${p#*:}.tgz" -C "$root" "i${p%:*}-d${p#*:}" "i${p%:*}-d${p#*:}.log"
+    done
   fi
 }
 
