@@ -198,3 +198,80 @@ fn init_flags_that_describe_no_model_are_a_usage_error_naming_the_flag() {
     assert!(err.starts_with("error: --headdim: must divide"), "{err}");
     assert!(!tmp.path().join("bad").exists());
 }
+
+/// `init` takes the training recipes' mixer options and writes, for a seed,
+/// exactly the weights and model a `train` run with the same flags starts
+/// from (the library's `model_config` and `Weights::init`), so a run's first
+/// weights can be made without training a step.
+#[test]
+fn init_writes_the_first_weights_of_a_train_run_with_the_same_flags() {
+    use stepgraph::mamba3::cpu::Weights;
+    use stepgraph::mamba3::{AActivation, RopeAngles};
+    use stepgraph::train::config::model_config;
+    use stepgraph::train::{DtInit, ModelSize, Rotation};
+
+    let tmp = tempfile::tempdir().unwrap();
+    for (rotation, angles) in [("data", Rotation::Data), ("fixed", Rotation::Fixed)] {
+        let dir = tmp.path().join(rotation);
+        init(
+            &dir,
+            &[
+                "--dt-init",
+                "0.01,0.1",
+                "--a-activation",
+                "softplus",
+                "--rotation",
+                rotation,
+            ],
+        );
+        let (cfg, got) = checkpoint::load::<f32>(&dir).unwrap();
+        let size = ModelSize {
+            d_model: 16,
+            n_layer: 2,
+            d_state: 8,
+            headdim: 8,
+            expand: 2,
+            full_rope: false,
+            rotation: angles,
+            a_activation: AActivation::Softplus,
+            outproj_norm: false,
+            chunk_size: 64,
+            dt_init: DtInit {
+                min: 0.01,
+                max: 0.1,
+            },
+        };
+        let want_cfg = model_config(size, 37).unwrap();
+        assert_eq!(cfg, want_cfg, "{rotation}");
+        assert_eq!((cfg.dt_min, cfg.dt_max), (0.01, 0.1));
+        assert_eq!(cfg.a_activation, AActivation::Softplus);
+        let fixed = rotation == "fixed";
+        assert_eq!(cfg.rope_angles == RopeAngles::Fixed, fixed, "{rotation}");
+        assert!(
+            got == Weights::<f32>::init(&want_cfg, 7).unwrap(),
+            "{rotation}"
+        );
+    }
+    // The defaults draw another dt range: the flags are not ignored.
+    let plain = tmp.path().join("plain");
+    init(&plain, &[]);
+    let (_, a) = checkpoint::load::<f32>(&plain).unwrap();
+    let (_, b) = checkpoint::load::<f32>(&tmp.path().join("data")).unwrap();
+    assert!(a != b);
+    let out = stepgraph(&[
+        "init",
+        "--out",
+        path(&tmp.path().join("bad")),
+        "--d-model",
+        "16",
+        "--n-layer",
+        "1",
+        "--vocab-size",
+        "9",
+        "--dt-init",
+        "0.1,0.01",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--dt-init"), "{err}");
+}

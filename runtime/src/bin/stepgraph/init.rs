@@ -15,6 +15,9 @@ use stepgraph::Precision;
 use stepgraph::mamba3::checkpoint::CheckpointError;
 use stepgraph::mamba3::cpu::{Float, ModelError, Weights};
 use stepgraph::mamba3::{ConfigError, Mamba3Config, RopeFraction, checkpoint};
+use stepgraph::train::{DtInit, Rotation};
+
+use crate::train::{AActArg, RotationArg};
 
 /// Arguments of `stepgraph init`. Omitted mixer options take the official defaults.
 #[derive(clap::Args)]
@@ -61,6 +64,18 @@ pub struct Args {
     /// Chunk length of the chunked scan.
     #[arg(long, default_value_t = 64)]
     chunk_size: usize,
+    /// Range of every head's initial dt, drawn log-uniform: MIN,MAX (the
+    /// official dt_min, dt_max).
+    #[arg(long, value_name = "MIN,MAX", default_value_t = DtInit::default())]
+    dt_init: DtInit,
+    /// Decay map f of A = -max(f(dd_A), A_floor): the official heavy-tail, or the paper's softplus.
+    #[arg(long, value_enum, default_value_t = AActArg::HeavyTail)]
+    a_activation: AActArg,
+    /// Rotation angles: data (Mamba-3's), fixed (standard RoPE) or none; as
+    /// `train --rotation`, which also zeroes the angle rows of fixed and none
+    /// when a run starts (the checkpoint keeps them as drawn).
+    #[arg(long, value_enum, default_value_t = RotationArg::Data)]
+    rotation: RotationArg,
     /// Seed of the initialisation stream.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -109,8 +124,12 @@ pub fn run(args: &Args) -> ExitCode {
     let cfg = match config(args) {
         Ok(cfg) => cfg,
         Err(ConfigError::Invalid { field, reason }) => {
-            // Each config field is set by the flag of the same name.
-            let flag = field.trim_start_matches("ssm_cfg.").replace('_', "-");
+            // Each config field is set by the flag of the same name, but
+            // for the dt range, which --dt-init sets whole.
+            let flag = match field.trim_start_matches("ssm_cfg.") {
+                "dt_min" | "dt_max" => "dt-init".to_owned(),
+                f => f.replace('_', "-"),
+            };
             crate::usage_error("init", format!("--{flag}: {reason}"))
         }
         Err(e) => crate::usage_error("init", e),
@@ -160,6 +179,10 @@ fn config(args: &Args) -> Result<Mamba3Config, ConfigError> {
         rope_fraction: RopeFraction::from_f64(args.rope_fraction)?,
         is_outproj_norm: args.outproj_norm,
         chunk_size: args.chunk_size,
+        dt_min: args.dt_init.min,
+        dt_max: args.dt_init.max,
+        a_activation: args.a_activation.into(),
+        rope_angles: Rotation::from(args.rotation).angles(),
         ..Mamba3Config::default()
     };
     cfg.validate()?;

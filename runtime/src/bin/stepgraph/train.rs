@@ -263,7 +263,7 @@ enum TaskArg {
     Mqar,
 }
 
-/// `--rotation` (and `repro`'s `--rotations`).
+/// `--rotation` (and `repro`'s `--rotations`, `init`'s `--rotation`).
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RotationArg {
     Data,
@@ -306,10 +306,20 @@ impl From<DeviceArg> for Device {
     }
 }
 
+/// `--a-activation`, shared with `init`.
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum AActArg {
+pub enum AActArg {
     HeavyTail,
     Softplus,
+}
+
+impl From<AActArg> for AActivation {
+    fn from(a: AActArg) -> Self {
+        match a {
+            AActArg::HeavyTail => AActivation::HeavyTail,
+            AActArg::Softplus => AActivation::Softplus,
+        }
+    }
 }
 
 /// What `train --precision` accepts (the engines' precisions).
@@ -411,10 +421,7 @@ fn run_config(a: &Args) -> RunConfig {
             } else {
                 a.rotation.into()
             },
-            a_activation: match a.a_activation {
-                AActArg::HeavyTail => AActivation::HeavyTail,
-                AActArg::Softplus => AActivation::Softplus,
-            },
+            a_activation: a.a_activation.into(),
             outproj_norm: a.outproj_norm,
             chunk_size: a.chunk_size,
             dt_init: a.dt_init,
