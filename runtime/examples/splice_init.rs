@@ -1,12 +1,14 @@
-//! Crosses two models tensor by tensor, or by rows of a tensor: a model
-//! directory holding one model's weights except the parts taken from the
-//! other. `stepgraph train --init-from` starts a run from it, so a run that
-//! learns and one that does not can trade parts of their initial weights
-//! until the part that decides is found (tests/gpu/STATE-TRACKING.md,
-//! "Next: round 26").
+//! Crosses two models tensor by tensor, or by rows of a tensor, and scales
+//! parts of one: a model directory holding one model's weights except the
+//! parts taken from the other or multiplied by a factor. `stepgraph train
+//! --init-from` starts a run from it, so a run that learns and one that does
+//! not can trade parts of their initial weights until the part that decides
+//! is found (tests/gpu/STATE-TRACKING.md, "Next: round 26"), and a part can
+//! be drawn smaller or larger than the recipe draws it without a new flag.
 //!
 //! ```sh
 //! cargo run --release --example splice_init -- BASE DONOR OUT PART...
+//! cargo run --release --example splice_init -- BASE - OUT PART*FACTOR...
 //! ```
 //!
 //! BASE and DONOR are model directories of one config (`config.json` and
@@ -17,8 +19,10 @@
 //! every matching 2-D tensor. `in_proj.weight:640-704` at d_model 128,
 //! d_state 64 and 16 heads is every layer's `dt`, `A`, trapezoid and angle
 //! rows (the rows follow the official order: z, x, B, C, dt, A, trapezoid,
-//! angles). A part that matches no tensor, or rows that a matching tensor
-//! does not have, is an error: a typo never splices nothing.
+//! angles). `PART*FACTOR` (a finite factor) multiplies BASE's part instead
+//! of taking DONOR's; DONOR `-` names no donor, for scaled parts alone. A
+//! part that matches no tensor, or rows that a matching tensor does not
+//! have, is an error: a typo never splices nothing.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,13 +31,15 @@ use stepgraph::mamba3::checkpoint::{self, CheckpointError};
 use stepgraph::mamba3::cpu::{Weights, param_specs};
 use stepgraph::train::checkpoint::config_difference;
 
-/// One part taken from the donor.
+/// One part taken from the donor, or scaled in place.
 #[derive(Debug, Clone, PartialEq)]
 struct Part {
     /// A substring of the tensor names it takes.
     name: String,
     /// Rows `lo..hi` of each matching tensor; `None`: the whole tensor.
     rows: Option<(usize, usize)>,
+    /// `Some(f)`: BASE's part times `f`; `None`: DONOR's part.
+    scale: Option<f32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +56,8 @@ enum SpliceError {
     },
     #[error("part `{0}` matches no tensor")]
     NoMatch(String),
+    #[error("part `{0}` is taken from the donor, but DONOR is `-`")]
+    NoDonor(String),
     #[error("part `{part}`: {tensor} of shape {shape:?} has no rows {lo}..{hi}")]
     Rows {
         part: String,
@@ -62,14 +70,15 @@ enum SpliceError {
 
 struct Args {
     base: PathBuf,
-    donor: PathBuf,
+    /// `None`: DONOR `-`, every part scaled.
+    donor: Option<PathBuf>,
     out: PathBuf,
     parts: Vec<Part>,
 }
 
 fn main() -> ExitCode {
     let Some(args) = parse(std::env::args().skip(1).collect()) else {
-        eprintln!("usage: splice_init BASE DONOR OUT PART[:LO-HI]...");
+        eprintln!("usage: splice_init BASE DONOR|- OUT PART[:LO-HI][*FACTOR]...");
         return ExitCode::from(2);
     };
     match splice(&args) {
@@ -93,13 +102,17 @@ fn parse(v: Vec<String>) -> Option<Args> {
     }
     Some(Args {
         base: base.into(),
-        donor: donor.into(),
+        donor: (donor != "-").then(|| donor.into()),
         out: out.into(),
         parts: parts.iter().map(|p| part(p)).collect::<Option<_>>()?,
     })
 }
 
 fn part(s: &str) -> Option<Part> {
+    let (s, scale) = match s.rsplit_once('*') {
+        None => (s, None),
+        Some((s, f)) => (s, Some(f.parse::<f32>().ok().filter(|f| f.is_finite())?)),
+    };
     let (name, rows) = match s.split_once(':') {
         None => (s, None),
         Some((name, range)) => {
@@ -111,6 +124,7 @@ fn part(s: &str) -> Option<Part> {
     (!name.is_empty()).then(|| Part {
         name: name.to_owned(),
         rows,
+        scale,
     })
 }
 
@@ -118,39 +132,52 @@ fn part(s: &str) -> Option<Part> {
 /// taken (whole or in part) from the donor.
 fn splice(args: &Args) -> Result<String, SpliceError> {
     let (cfg, mut weights) = checkpoint::load::<f32>(&args.base)?;
-    let (donor_cfg, donor) = checkpoint::load::<f32>(&args.donor)?;
-    if let Some((field, found, expected)) = config_difference(&donor_cfg, &cfg) {
-        return Err(SpliceError::Mismatch {
-            base: args.base.display().to_string(),
-            donor: args.donor.display().to_string(),
-            field,
-            found,
-            expected,
-        });
-    }
-    let report = take(&mut weights, &donor, &param_specs(&cfg), &args.parts)?;
+    let donor = match &args.donor {
+        None => None,
+        Some(path) => {
+            let (donor_cfg, donor) = checkpoint::load::<f32>(path)?;
+            if let Some((field, found, expected)) = config_difference(&donor_cfg, &cfg) {
+                return Err(SpliceError::Mismatch {
+                    base: args.base.display().to_string(),
+                    donor: path.display().to_string(),
+                    field,
+                    found,
+                    expected,
+                });
+            }
+            Some(donor)
+        }
+    };
+    let report = take(
+        &mut weights,
+        donor.as_ref(),
+        &param_specs(&cfg),
+        &args.parts,
+    )?;
     checkpoint::save(&args.out, &cfg, &weights)?;
     Ok(report)
 }
 
-/// Copies every part from `donor` into `weights` (both in `specs` order).
+/// Copies every part from `donor` into `weights`, or scales it there (both
+/// in `specs` order).
 fn take(
     weights: &mut Weights<f32>,
-    donor: &Weights<f32>,
+    donor: Option<&Weights<f32>>,
     specs: &[stepgraph::mamba3::cpu::ParamSpec],
     parts: &[Part],
 ) -> Result<String, SpliceError> {
     let mut report = String::new();
+    let donors = donor.map(Weights::tensors);
     let mut tensors = weights.tensors_mut();
     for p in parts {
         let mut matched = false;
-        for ((spec, dst), src) in specs.iter().zip(&mut tensors).zip(donor.tensors()) {
+        for (i, (spec, dst)) in specs.iter().zip(&mut tensors).enumerate() {
             if !spec.name.contains(&p.name) {
                 continue;
             }
             matched = true;
             let (lo, hi, rows) = match (p.rows, spec.shape.as_slice()) {
-                (None, _) => (0, src.len(), String::new()),
+                (None, _) => (0, dst.len(), String::new()),
                 (Some((lo, hi)), [n, cols]) if hi <= *n => {
                     (lo * cols, hi * cols, format!(" rows {lo}..{hi}"))
                 }
@@ -164,8 +191,17 @@ fn take(
                     });
                 }
             };
-            dst[lo..hi].copy_from_slice(&src[lo..hi]);
-            report.push_str(&format!("{}{rows} from the donor\n", spec.name));
+            match (p.scale, &donors) {
+                (Some(f), _) => {
+                    dst[lo..hi].iter_mut().for_each(|v| *v *= f);
+                    report.push_str(&format!("{}{rows} times {f}\n", spec.name));
+                }
+                (None, Some(src)) => {
+                    dst[lo..hi].copy_from_slice(&src[i][lo..hi]);
+                    report.push_str(&format!("{}{rows} from the donor\n", spec.name));
+                }
+                (None, None) => return Err(SpliceError::NoDonor(p.name.clone())),
+            }
         }
         if !matched {
             return Err(SpliceError::NoMatch(p.name.clone()));
@@ -238,6 +274,57 @@ mod tests {
     }
 
     #[test]
+    fn a_scaled_part_is_the_base_times_its_factor_with_or_without_a_donor() {
+        let (dir, cfg, base, donor) = base_and_donor();
+        let a = Weights::<f32>::init(&cfg, 1).unwrap();
+        let b = Weights::<f32>::init(&cfg, 2).unwrap();
+        for (name, with_donor) in [("scaled", false), ("both", true)] {
+            let out = dir.path().join(name);
+            let mut args: Vec<String> = vec![
+                base.display().to_string(),
+                if with_donor {
+                    donor.display().to_string()
+                } else {
+                    "-".into()
+                },
+                out.display().to_string(),
+                "out_proj*0.25".into(),
+                "embedding.weight:1-3*-2".into(),
+            ];
+            if with_donor {
+                args.push("dt_bias".into());
+            }
+            let report = splice(&parse(args).unwrap()).unwrap();
+            assert!(report.contains("out_proj.weight times 0.25"), "{report}");
+            assert!(
+                report.contains("embedding.weight rows 1..3 times -2"),
+                "{report}"
+            );
+            let (_, got) = checkpoint::load::<f32>(&out).unwrap();
+            for (((spec, g), a), b) in param_specs(&cfg)
+                .iter()
+                .zip(got.tensors())
+                .zip(a.tensors())
+                .zip(b.tensors())
+            {
+                let cols = spec.shape.last().copied().unwrap_or(1);
+                for (i, v) in g.iter().enumerate() {
+                    let want = if spec.name.contains("out_proj") {
+                        a[i] * 0.25
+                    } else if spec.name.contains("embedding") && (1..3).contains(&(i / cols)) {
+                        a[i] * -2.0
+                    } else if with_donor && spec.name.contains("dt_bias") {
+                        b[i]
+                    } else {
+                        a[i]
+                    };
+                    assert_eq!(*v, want, "{name}: {} [{i}]", spec.name);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_part_that_takes_nothing_or_another_model_is_refused() {
         let (dir, cfg, base, donor) = base_and_donor();
         let wide = Mamba3Config {
@@ -249,7 +336,7 @@ mod tests {
         let run = |donor: &PathBuf, parts: &[&str]| {
             let args = Args {
                 base: base.clone(),
-                donor: donor.clone(),
+                donor: Some(donor.clone()),
                 out: out.clone(),
                 parts: parts.iter().map(|p| part(p).unwrap()).collect(),
             };
@@ -272,6 +359,18 @@ mod tests {
         assert!(msg.contains("d_model is 16 there, 8 in BASE"), "{msg}");
         assert!(!out.exists(), "nothing is written when refused");
         assert_eq!(part("x:5-5"), None);
+        assert_eq!(part("x*inf"), None);
+        assert_eq!(part("x*"), None);
+        let no_donor = Args {
+            base: base.clone(),
+            donor: None,
+            out: out.clone(),
+            parts: vec![part("embedding").unwrap()],
+        };
+        assert_eq!(
+            splice(&no_donor).unwrap_err().to_string(),
+            "part `embedding` is taken from the donor, but DONOR is `-`"
+        );
         assert_eq!(part(":1-2"), None);
         assert!(parse(vec!["a".into(), "b".into(), "c".into()]).is_none());
     }

@@ -14,23 +14,23 @@
 #   .gpu/bin/splice_init .gpu/inits/init1 .gpu/inits/init9 .gpu/inits/x-dd \
 #     in_proj.weight:640-704 dt_bias          # init 1 with init 9's dd rows
 #
-# There, with .gpu carried (runs go to runs/cross, kept while the machine
-# stays warm, so a second call resumes them):
-#   STOP=24000 TOTAL=530 bash tests/gpu/init-cross.sh train 9:1 1:9 x-dd:1
+# There, with .gpu carried (runs go to ROOT, default runs/cross, kept while
+# the machine stays warm, so a second call resumes them):
+#   STOP=24000 TOTAL=530 bash tests/gpu/init-cross.sh train 9:1 1:9 x-dd:1 1:1:2e-3
 #     each INIT:DATA trains `--seed INIT --data-seed DATA`, or, where INIT
 #     names a directory under .gpu/inits, `--init-from` it with
-#     `--data-seed DATA`; all at once under CUDA MPS, each stopped at step
-#     STOP or after TOTAL seconds (cleanly: a later call resumes it). Prints
-#     a line per run (started: the first evaluation at >= 50% raw at the
-#     training size; fitted: at >= 94%; scaled scores; raw curve) into
-#     $OUT/summary.txt; FETCH=1 also returns every run's metrics. LR
-#     (default the recipe's 1e-3) sets new runs' peak learning rate, and
-#     ROOT (default runs/cross) where they go. KEEP=1 returns each run's
-#     directory as $OUT/run-iINIT-dDATA.tgz (rounds that span sessions:
-#     unpack them here into .gpu/keep/NAME, carry .gpu, and start the later
-#     call with `mkdir -p runs && cp -r .gpu/keep/NAME runs/` to resume
-#     with ROOT=runs/NAME; a ROOT inside .gpu would be overwritten by the
-#     next call's carried copy).
+#     `--data-seed DATA`; a third field sets that run's peak learning rate
+#     (else LR, else the recipe's 1e-3). All at once under CUDA MPS, each
+#     stopped at step STOP or after TOTAL seconds (cleanly: a later call
+#     resumes it). Prints a line per run (started: the first evaluation at
+#     >= 50% raw at the training size; fitted: at >= 94%; scaled scores;
+#     raw curve) into $OUT/summary-ROOTNAME.txt. FETCH=1 also returns every
+#     run's metrics; KEEP=1 the runs' directories, two a file as
+#     $OUT/runs-K.tgz, for rounds that span sessions: unpack them here into
+#     .gpu/keep/NAME, carry .gpu, and start the later call with
+#     `mkdir -p runs && cp -r .gpu/keep/NAME runs/` to resume with
+#     ROOT=runs/NAME (a ROOT inside .gpu would be overwritten by the next
+#     call's carried copy).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.." && . "$here/common.sh"
@@ -86,14 +86,16 @@ inits() {
 }
 
 train() {
-  [ $# -gt 0 ] || { echo "usage: init-cross.sh train INIT:DATA..." >&2; exit 2; }
-  local total=${TOTAL:-530} stop=${STOP:-24000} root=${ROOT:-runs/cross} p a b dir
+  [ $# -gt 0 ] || { echo "usage: init-cross.sh train INIT:DATA[:LR]..." >&2; exit 2; }
+  local total=${TOTAL:-530} stop=${STOP:-24000} root=${ROOT:-runs/cross} p a b lr dir names=()
   mkdir -p "$root"
   nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/gpu: /'
   start_mps # one process per run
   SECONDS=0
   for p in "$@"; do
-    a=${p%:*} b=${p#*:} dir=$root/i$a-d$b
+    IFS=: read -r a b lr <<< "$p"
+    names+=("i$a-d$b${lr:+-lr$lr}")
+    dir=$root/${names[-1]}
     if [ -d "$dir/checkpoints" ]; then
       timeout -s INT "$total" "$bin" train --resume "$dir" --stop-after "$stop" \
         --progress plain >> "$dir.log" 2>&1 &
@@ -102,19 +104,19 @@ train() {
       [ -d ".gpu/inits/$a" ] && from=(--init-from ".gpu/inits/$a")
       rm -rf "$dir"
       timeout -s INT "$total" "$bin" train "${recipe[@]}" --device cuda --precision bf16 \
-        --lr "${LR:-1e-3}" --min-lr 1e-5 --weight-decay 0.1 --checkpoint-every 4000 --keep 1 "${from[@]}" \
+        --lr "${lr:-${LR:-1e-3}}" --min-lr 1e-5 --weight-decay 0.1 --checkpoint-every 4000 --keep 1 "${from[@]}" \
         --data-seed "$b" --stop-after "$stop" --run-dir "$dir" --progress plain > "$dir.log" 2>&1 &
     fi
   done
   wait
   echo "trained for $SECONDS s"
-  python3 - "$root" "$@" <<'PY' | tee "$out/summary.txt"
+  python3 - "$root" "$@" <<'PY' | tee "$out/summary-$(basename "$root").txt"
 import json, os, sys
 root, pairs = sys.argv[1], sys.argv[2:]
 scaled = lambda a: f"{(a - 0.2) / 0.8 * 100:.1f}"
 for p in pairs:
-    a, b = p.rsplit(":", 1)
-    path = f"{root}/i{a}-d{b}/metrics.jsonl"
+    a, b, lr = (p.split(":") + [""])[:3]
+    path = f"{root}/i{a}-d{b}{'-lr' + lr if lr else ''}/metrics.jsonl"
     if not os.path.exists(path):
         print(f"{p}: no metrics")
         continue
@@ -133,19 +135,21 @@ for p in pairs:
                     fitted = v["step"]
     s = {k: scaled(last[k]) if k in last else "-" for k in ("len 80", "len 128", "mix 20-128")}
     prod = f"{100 * last['products 8']:.1f}%" if "products 8" in last else "-"
-    print(f"init {a} data {b}: step {step} started {started} fitted {fitted} @80 {s['len 80']} "
+    print(f"init {a} data {b}{' lr ' + lr if lr else ''}: step {step} started {started} fitted {fitted} @80 {s['len 80']} "
           f"@128 {s['len 128']} mix {s['mix 20-128']} prod8 {prod} curve {' '.join(curve)}")
 PY
   grep -h "error" "$root"/*.log | sort | uniq -c | head
   if [ -n "${FETCH:-}" ]; then
-    (cd "$root" && tar czf "$out/metrics.tgz" ./*/metrics.jsonl ./*.log)
+    (cd "$root" && tar czf "$out/metrics-$(basename "$root").tgz" ./*/metrics.jsonl ./*.log)
     echo quit | nvidia-cuda-mps-control
   fi
-  # KEEP=1: each run's directory (its last checkpoint) comes back too, one
-  # file per run, so that a later machine resumes it from a carried ROOT.
+  # KEEP=1: the runs' directories (each with its last checkpoint, ~6 MB)
+  # come back too, two runs a file (a call returns at most 8 files of 16
+  # MiB), so that a later machine resumes them from a carried ROOT.
   if [ -n "${KEEP:-}" ]; then
-    for p in "$@"; do
-      tar czf "$out/run-i${p%:*}-d${p#*:}.tgz" -C "$root" "i${p%:*}-d${p#*:}" "i${p%:*}-d${p#*:}.log"
+    local i
+    for ((i = 0; i < ${#names[@]}; i += 2)); do
+      (cd "$root" && tar czf "$out/runs-$i.tgz" "${names[@]:i:2}" $(printf '%s.log ' "${names[@]:i:2}"))
     done
   fi
 }
@@ -153,5 +157,5 @@ PY
 case "${1:-}" in
   inits) shift; inits "$@" ;;
   train) shift; train "$@" ;;
-  *) echo "usage: init-cross.sh inits DIR SEED... | train INIT:DATA..." >&2; exit 2 ;;
+  *) echo "usage: init-cross.sh inits DIR SEED... | train INIT:DATA[:LR]..." >&2; exit 2 ;;
 esac
