@@ -213,6 +213,7 @@ fn take(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
     use stepgraph::mamba3::Mamba3Config;
 
     fn model(dir: &std::path::Path, name: &str, cfg: &Mamba3Config, seed: u64) -> PathBuf {
@@ -229,6 +230,29 @@ mod tests {
         let base = model(dir.path(), "a", &cfg, 1);
         let donor = model(dir.path(), "b", &cfg, 2);
         (dir, cfg, base, donor)
+    }
+
+    /// Checks every value the model directory `out` holds against `want`,
+    /// given the tensor's name, the value's row and the base's (init 1) and
+    /// donor's (init 2) values there.
+    fn assert_values(cfg: &Mamba3Config, out: &Path, want: impl Fn(&str, usize, f32, f32) -> f32) {
+        let (_, got) = checkpoint::load::<f32>(out).unwrap();
+        let (a, b) = (
+            Weights::<f32>::init(cfg, 1).unwrap(),
+            Weights::<f32>::init(cfg, 2).unwrap(),
+        );
+        for (((spec, g), a), b) in param_specs(cfg)
+            .iter()
+            .zip(got.tensors())
+            .zip(a.tensors())
+            .zip(b.tensors())
+        {
+            let cols = spec.shape.last().copied().unwrap_or(1);
+            for (i, v) in g.iter().enumerate() {
+                let w = want(&spec.name, i / cols, a[i], b[i]);
+                assert_eq!(*v, w, "{} [{i}]", spec.name);
+            }
+        }
     }
 
     #[test]
@@ -248,36 +272,16 @@ mod tests {
             report.contains("backbone.embedding.weight from the donor"),
             "{report}"
         );
-        let (_, got) = checkpoint::load::<f32>(&out).unwrap();
-        let (a, b) = (
-            Weights::<f32>::init(&cfg, 1).unwrap(),
-            Weights::<f32>::init(&cfg, 2).unwrap(),
-        );
-        for (((spec, g), a), b) in param_specs(&cfg)
-            .iter()
-            .zip(got.tensors())
-            .zip(a.tensors())
-            .zip(b.tensors())
-        {
-            let cols = spec.shape.last().copied().unwrap_or(1);
-            for (i, v) in g.iter().enumerate() {
-                let from_donor = spec.name.contains("embedding")
-                    || (spec.name.contains("in_proj.weight") && (2..5).contains(&(i / cols)));
-                assert_eq!(
-                    *v,
-                    if from_donor { b[i] } else { a[i] },
-                    "{} [{i}]",
-                    spec.name
-                );
-            }
-        }
+        assert_values(&cfg, &out, |name, row, a, b| {
+            let from_donor = name.contains("embedding")
+                || (name.contains("in_proj.weight") && (2..5).contains(&row));
+            if from_donor { b } else { a }
+        });
     }
 
     #[test]
     fn a_scaled_part_is_the_base_times_its_factor_with_or_without_a_donor() {
         let (dir, cfg, base, donor) = base_and_donor();
-        let a = Weights::<f32>::init(&cfg, 1).unwrap();
-        let b = Weights::<f32>::init(&cfg, 2).unwrap();
         for (name, with_donor) in [("scaled", false), ("both", true)] {
             let out = dir.path().join(name);
             let mut args: Vec<String> = vec![
@@ -300,27 +304,17 @@ mod tests {
                 report.contains("embedding.weight rows 1..3 times -2"),
                 "{report}"
             );
-            let (_, got) = checkpoint::load::<f32>(&out).unwrap();
-            for (((spec, g), a), b) in param_specs(&cfg)
-                .iter()
-                .zip(got.tensors())
-                .zip(a.tensors())
-                .zip(b.tensors())
-            {
-                let cols = spec.shape.last().copied().unwrap_or(1);
-                for (i, v) in g.iter().enumerate() {
-                    let want = if spec.name.contains("out_proj") {
-                        a[i] * 0.25
-                    } else if spec.name.contains("embedding") && (1..3).contains(&(i / cols)) {
-                        a[i] * -2.0
-                    } else if with_donor && spec.name.contains("dt_bias") {
-                        b[i]
-                    } else {
-                        a[i]
-                    };
-                    assert_eq!(*v, want, "{name}: {} [{i}]", spec.name);
+            assert_values(&cfg, &out, |name, row, a, b| {
+                if name.contains("out_proj") {
+                    a * 0.25
+                } else if name.contains("embedding") && (1..3).contains(&row) {
+                    a * -2.0
+                } else if with_donor && name.contains("dt_bias") {
+                    b
+                } else {
+                    a
                 }
-            }
+            });
         }
     }
 

@@ -177,26 +177,34 @@ fn bad_input_gives_one_error_line_and_exit_1() {
     assert_one_line_failure(&out, "config.json");
 }
 
-#[test]
-fn init_flags_that_describe_no_model_are_a_usage_error_naming_the_flag() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = stepgraph(&[
+/// `init` of a one-layer model into `dir/bad` with one bad flag (and its
+/// value) added: a usage error, exit 2, that writes nothing; its stderr.
+fn refused_init(dir: &Path, bad: &[&str]) -> String {
+    let out_dir = dir.join("bad");
+    let mut args = vec![
         "init",
         "--out",
-        path(&tmp.path().join("bad")),
+        path(&out_dir),
         "--d-model",
         "16",
         "--n-layer",
         "1",
         "--vocab-size",
         "9",
-        "--headdim",
-        "5",
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    ];
+    args.extend_from_slice(bad);
+    let out = stepgraph(&args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!out_dir.exists());
+    err
+}
+
+#[test]
+fn init_flags_that_describe_no_model_are_a_usage_error_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = refused_init(tmp.path(), &["--headdim", "5"]);
     assert!(err.starts_with("error: --headdim: must divide"), "{err}");
-    assert!(!tmp.path().join("bad").exists());
 }
 
 /// `init` takes the training recipes' mixer options and writes, for a seed,
@@ -258,20 +266,6 @@ fn init_writes_the_first_weights_of_a_train_run_with_the_same_flags() {
     let (_, a) = checkpoint::load::<f32>(&plain).unwrap();
     let (_, b) = checkpoint::load::<f32>(&tmp.path().join("data")).unwrap();
     assert!(a != b);
-    let out = stepgraph(&[
-        "init",
-        "--out",
-        path(&tmp.path().join("bad")),
-        "--d-model",
-        "16",
-        "--n-layer",
-        "1",
-        "--vocab-size",
-        "9",
-        "--dt-init",
-        "0.1,0.01",
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused_init(tmp.path(), &["--dt-init", "0.1,0.01"]);
     assert!(err.contains("--dt-init"), "{err}");
 }
