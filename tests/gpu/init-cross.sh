@@ -110,13 +110,15 @@ train() {
   done
   wait
   echo "trained for $SECONDS s"
-  python3 - "$root" "$@" <<'PY' | tee "$out/summary-$(basename "$root").txt"
+  python3 - "$root" "$@" "${names[@]}" <<'PY' | tee "$out/summary-$(basename "$root").txt"
 import json, os, sys
-root, pairs = sys.argv[1], sys.argv[2:]
+# The pairs as given, then each one's run directory as named above.
+root, rest = sys.argv[1], sys.argv[2:]
+pairs, names = rest[: len(rest) // 2], rest[len(rest) // 2 :]
 scaled = lambda a: f"{(a - 0.2) / 0.8 * 100:.1f}"
-for p in pairs:
+for p, name in zip(pairs, names):
     a, b, lr = (p.split(":") + [""])[:3]
-    path = f"{root}/i{a}-d{b}{'-lr' + lr if lr else ''}/metrics.jsonl"
+    path = f"{root}/{name}/metrics.jsonl"
     if not os.path.exists(path):
         print(f"{p}: no metrics")
         continue
