@@ -24,13 +24,16 @@
 #     stopped at step STOP or after TOTAL seconds (cleanly: a later call
 #     resumes it). Prints a line per run (started: the first evaluation at
 #     >= 50% raw at the training size; fitted: at >= 94%; scaled scores;
-#     raw curve) into $OUT/summary-ROOTNAME.txt. FETCH=1 also returns every
-#     run's metrics; KEEP=1 the runs' directories, two a file as
-#     $OUT/runs-K.tgz, for rounds that span sessions: unpack them here into
-#     .gpu/keep/NAME, carry .gpu, and start the later call with
-#     `mkdir -p runs && cp -r .gpu/keep/NAME runs/` to resume with
-#     ROOT=runs/NAME (a ROOT inside .gpu would be overwritten by the next
-#     call's carried copy).
+#     raw curve) into $OUT/summary-ROOTNAME.txt. FETCH=1 (the round's last
+#     call) also returns every run's metrics and logs and stops MPS; KEEP=1
+#     returns what a later machine needs to resume the runs instead (each
+#     run's newest checkpoint, metrics and log, one archive cut into 15 MiB
+#     pieces $OUT/runs.tgz.partNN), for rounds that span sessions: here,
+#     `mkdir -p .gpu/keep/NAME && cat FILES_AT/runs.tgz.part* | tar xz -C
+#     .gpu/keep/NAME`, carry .gpu, and start the later call with `mkdir -p
+#     runs && cp -r .gpu/keep/NAME runs/` to resume with ROOT=runs/NAME (a
+#     ROOT inside .gpu would be overwritten by the next call's carried
+#     copy). A call returns at most 64 MiB: about nine runs' KEEP.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.." && . "$here/common.sh"
@@ -141,19 +144,31 @@ for p, name in zip(pairs, names):
           f"@128 {s['len 128']} mix {s['mix 20-128']} prod8 {prod} curve {' '.join(curve)}")
 PY
   grep -h "error" "$root"/*.log | sort | uniq -c | head
-  if [ -n "${FETCH:-}" ]; then
+  # KEEP's archive holds the metrics and logs too, so FETCH adds them only
+  # without it: a call returns at most 64 MiB.
+  if [ -n "${KEEP:-}" ]; then
+    pack_runs "$root" "${names[@]}"
+  elif [ -n "${FETCH:-}" ]; then
     (cd "$root" && tar czf "$out/metrics-$(basename "$root").tgz" ./*/metrics.jsonl ./*.log)
+  fi
+  if [ -n "${FETCH:-}" ]; then
     echo quit | nvidia-cuda-mps-control
   fi
-  # KEEP=1: the runs' directories (each with its last checkpoint, ~6 MB)
-  # come back too, two runs a file (a call returns at most 8 files of 16
-  # MiB), so that a later machine resumes them from a carried ROOT.
-  if [ -n "${KEEP:-}" ]; then
-    local i
-    for ((i = 0; i < ${#names[@]}; i += 2)); do
-      (cd "$root" && tar czf "$out/runs-$i.tgz" "${names[@]:i:2}" $(printf '%s.log ' "${names[@]:i:2}"))
-    done
-  fi
+}
+
+# KEEP: each run's newest checkpoint (~6 MB; `--resume` takes the newest),
+# metrics and log, as one archive cut into 15 MiB pieces, since a call
+# returns at most 8 files of 16 MiB. Older checkpoints stay behind (the
+# curriculum's-end one of `--keep-at` doubles a run's size).
+pack_runs() {
+  local root=$1 n newest
+  shift
+  for n in "$@"; do
+    newest=$(cd "$root" && find "$n/checkpoints" -maxdepth 1 -name 'step-*' | sort | tail -n 1)
+    [ -n "$newest" ] && printf '%s\n' "$newest"
+    printf '%s\n' "$n/metrics.jsonl" "$n.log"
+  done > "$root/.keep-list"
+  (cd "$root" && tar czf - -T .keep-list) | split -b 15M -d - "$out/runs.tgz.part"
 }
 
 case "${1:-}" in
