@@ -15,6 +15,9 @@
 # Later visits continue it:
 #   RESUME=.gpu/table LIMIT=540 bash tests/gpu/table-part.sh
 #
+# SLIM=1 drops the optimizer moments of every checkpoint but each run's
+# newest before packing (see below).
+#
 # What comes back ($OUT, at most 8 files of 16 MiB): table.md, progress.log
 # and table.tgz.part00.. (15 MiB pieces of the table directory). A call may
 # carry 64 MiB in all, and a run of the arithmetic recipe packs to about
@@ -45,5 +48,15 @@ SECONDS=0
 timeout -s INT $((limit + 60)) "$bin" "${args[@]}" >> "$log" 2>&1
 echo "exit $? after ${SECONDS} s" | tee -a "$log"
 cp "$work/table/table.md" "$out/table.md" 2>/dev/null
+# SLIM=1: past the curriculum's end a run also keeps that step's checkpoint,
+# and five runs' two checkpoints outgrow a call's 64 MiB carry. Only a run's
+# newest checkpoint is resumed, so the others keep their weights and average
+# (for the CPU readers) and lose the optimizer moments.
+if [ "${SLIM:-0}" = 1 ]; then
+  for ckpts in "$work"/table/runs/*/checkpoints; do
+    find "$ckpts" -mindepth 1 -maxdepth 1 -name 'step-*' | sort | head -n -1 |
+      while read -r old; do rm -f "$old/optimizer.safetensors"; done
+  done
+fi
 (cd "$work" && tar czf - table) | split -b 15M -d - "$out/table.tgz.part"
 ls -l "$out" | tee -a "$log"
