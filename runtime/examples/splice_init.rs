@@ -23,13 +23,25 @@
 //! of taking DONOR's; DONOR `-` names no donor, for scaled parts alone. A
 //! part that matches no tensor, or rows that a matching tensor does not
 //! have, is an error: a typo never splices nothing.
+//!
+//! BASE may also be a training checkpoint (`<run>/checkpoints/step-N`, with
+//! its `train_state.json`): then OUT becomes a new run directory whose one
+//! checkpoint `stepgraph train --resume OUT` continues at the same step,
+//! rows and schedule, with the parts changed in the weights and in the
+//! weight average alike and their Adam moments zeroed (a part changed
+//! mid-run has no history). That is the causal test of a state a run has
+//! grown: change it at step N and see whether the run's course changes
+//! (tests/gpu/STATE-TRACKING.md, the middle layer's long memory).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use stepgraph::mamba3::checkpoint::{self, CheckpointError};
-use stepgraph::mamba3::cpu::{Weights, param_specs};
-use stepgraph::train::checkpoint::config_difference;
+use stepgraph::mamba3::cpu::{ParamSpec, Weights, param_specs};
+use stepgraph::train::TrainError;
+use stepgraph::train::checkpoint::{
+    self as run_ckpt, CHECKPOINTS_DIR, STATE_FILE, config_difference,
+};
 
 /// One part taken from the donor, or scaled in place.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +58,10 @@ struct Part {
 enum SpliceError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error("{0}: OUT must not exist yet (a resumable copy is a new run)")]
+    OutExists(String),
     #[error("{donor}: another model than {base}'s: {field} is {found} there, {expected} in BASE")]
     Mismatch {
         base: String,
@@ -131,12 +147,67 @@ fn part(s: &str) -> Option<Part> {
 /// Writes the spliced model to `args.out`; returns one line per tensor
 /// taken (whole or in part) from the donor.
 fn splice(args: &Args) -> Result<String, SpliceError> {
+    if args.base.join(STATE_FILE).is_file() {
+        return splice_run(args);
+    }
     let (cfg, mut weights) = checkpoint::load::<f32>(&args.base)?;
-    let donor = match &args.donor {
+    let donor = donor(args, &cfg)?;
+    let (report, _) = take(
+        &mut weights,
+        donor.as_ref(),
+        &param_specs(&cfg),
+        &args.parts,
+    )?;
+    checkpoint::save(&args.out, &cfg, &weights)?;
+    Ok(report)
+}
+
+/// [`splice`] of a training checkpoint: OUT is a run directory holding the
+/// changed checkpoint, for `stepgraph train --resume`.
+fn splice_run(args: &Args) -> Result<String, SpliceError> {
+    if args.out.exists() {
+        return Err(SpliceError::OutExists(args.out.display().to_string()));
+    }
+    let (cfg, mut state, train) = run_ckpt::load(&args.base)?;
+    let mut ema = run_ckpt::load_ema(&args.base, &cfg, &train)?;
+    let donor = donor(args, &cfg)?;
+    let specs = param_specs(&cfg);
+    let (report, changed) = take(&mut state.weights, donor.as_ref(), &specs, &args.parts)?;
+    if let Some(avg) = &mut ema {
+        take(avg, donor.as_ref(), &specs, &args.parts)?;
+    }
+    for (i, lo, hi) in changed {
+        let (m, v) = &mut state.moments[i];
+        m[lo..hi].fill(0.0);
+        v[lo..hi].fill(0.0);
+    }
+    let dir = run_ckpt::save(
+        &args.out.join(CHECKPOINTS_DIR),
+        &cfg,
+        &state,
+        ema.as_ref(),
+        &train,
+        1,
+        &[],
+    )?;
+    Ok(format!(
+        "{report}resumable at step {} ({}); the Adam moments of the parts zeroed\n",
+        train.step,
+        dir.display()
+    ))
+}
+
+/// The donor's weights (`None` for DONOR `-`), refused when its model is
+/// another than BASE's.
+fn donor(
+    args: &Args,
+    cfg: &stepgraph::mamba3::Mamba3Config,
+) -> Result<Option<Weights<f32>>, SpliceError> {
+    Ok(match &args.donor {
         None => None,
         Some(path) => {
             let (donor_cfg, donor) = checkpoint::load::<f32>(path)?;
-            if let Some((field, found, expected)) = config_difference(&donor_cfg, &cfg) {
+            if let Some((field, found, expected)) = config_difference(&donor_cfg, cfg) {
                 return Err(SpliceError::Mismatch {
                     base: args.base.display().to_string(),
                     donor: path.display().to_string(),
@@ -147,26 +218,24 @@ fn splice(args: &Args) -> Result<String, SpliceError> {
             }
             Some(donor)
         }
-    };
-    let report = take(
-        &mut weights,
-        donor.as_ref(),
-        &param_specs(&cfg),
-        &args.parts,
-    )?;
-    checkpoint::save(&args.out, &cfg, &weights)?;
-    Ok(report)
+    })
 }
 
+/// Values a part changed: the tensor's index in `param_specs` order, and the
+/// range of its values.
+type Span = (usize, usize, usize);
+
 /// Copies every part from `donor` into `weights`, or scales it there (both
-/// in `specs` order).
+/// in `specs` order). Returns the report and what changed, as (tensor
+/// index, first value, end).
 fn take(
     weights: &mut Weights<f32>,
     donor: Option<&Weights<f32>>,
-    specs: &[stepgraph::mamba3::cpu::ParamSpec],
+    specs: &[ParamSpec],
     parts: &[Part],
-) -> Result<String, SpliceError> {
+) -> Result<(String, Vec<Span>), SpliceError> {
     let mut report = String::new();
+    let mut changed = Vec::new();
     let donors = donor.map(Weights::tensors);
     let mut tensors = weights.tensors_mut();
     for p in parts {
@@ -202,12 +271,13 @@ fn take(
                 }
                 (None, None) => return Err(SpliceError::NoDonor(p.name.clone())),
             }
+            changed.push((i, lo, hi));
         }
         if !matched {
             return Err(SpliceError::NoMatch(p.name.clone()));
         }
     }
-    Ok(report)
+    Ok((report, changed))
 }
 
 #[cfg(test)]
@@ -316,6 +386,168 @@ mod tests {
                 }
             });
         }
+    }
+
+    /// A tiny parity run with a weight average, trained on the CPU for
+    /// `steps` (checkpointed at the end) in `dir`, or resumed from `from`
+    /// and extended to `steps`.
+    fn tiny_run(dir: &Path, steps: u64, from: Option<&Path>) {
+        use stepgraph::Precision;
+        use stepgraph::mamba3::AActivation;
+        use stepgraph::train::data::{DataSpec, Task};
+        use stepgraph::train::report::ProgressMode;
+        use stepgraph::train::{
+            Decay, Device, DtInit, ModelSize, Resume, Rotation, RunConfig, Setting, Stop,
+            TrainOptions, train,
+        };
+        let run = RunConfig {
+            data: DataSpec::task(Task::Parity, 6, vec![6]),
+            model: ModelSize {
+                d_model: 8,
+                n_layer: 2,
+                d_state: 8,
+                headdim: 4,
+                expand: 2,
+                full_rope: false,
+                rotation: Rotation::Data,
+                a_activation: AActivation::Softplus,
+                outproj_norm: false,
+                chunk_size: 64,
+                dt_init: DtInit::default(),
+            },
+            device: Device::Cpu,
+            precision: Precision::F32,
+            batch: 4,
+            steps,
+            lr: 1e-2,
+            min_lr: 1e-3,
+            warmup: 1,
+            weight_decay: 0.1,
+            beta2: 0.999,
+            adam_eps: stepgraph::train::DEFAULT_ADAM_EPS,
+            decay: Decay::Matrices,
+            clip: Some(1.0),
+            seed: 3,
+            data_seed: None,
+            init_from: None,
+            eval_every: 2,
+            log_every: 1,
+            checkpoint_every: 0,
+            keep: 2,
+            keep_at: Vec::new(),
+            ema: Some(0.9),
+        };
+        let opts = TrainOptions {
+            run,
+            run_dir: from.is_none().then(|| dir.to_path_buf()),
+            resume: from.map(|f| Resume {
+                from: f.to_path_buf(),
+                given: vec![Setting::Steps],
+            }),
+            stop_after: None,
+            progress: ProgressMode::Quiet,
+            log_dynamics: false,
+            gpu: 0,
+        };
+        train(&opts, &Stop::new()).unwrap();
+    }
+
+    #[test]
+    fn a_training_checkpoint_becomes_a_resumable_run_with_the_parts_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        // Past the average's first fold (every 10 steps), so it is saved.
+        tiny_run(&src, 12, None);
+        let ckpt = src.join(CHECKPOINTS_DIR).join(run_ckpt::step_dir_name(12));
+        let out = dir.path().join("edited");
+        let args = parse(
+            [
+                ckpt.display().to_string(),
+                "-".into(),
+                out.display().to_string(),
+            ]
+            .into_iter()
+            .chain([
+                "layers.1.mixer.in_proj.weight:1-3*0".into(),
+                "dt_bias*-1".into(),
+            ])
+            .collect(),
+        )
+        .unwrap();
+        let report = splice(&args).unwrap();
+        assert!(report.contains("resumable at step 12"), "{report}");
+        let (cfg, base, _) = run_ckpt::load(&ckpt).unwrap();
+        let base_avg = run_ckpt::load_ema(&ckpt, &cfg, &base_train(&ckpt))
+            .unwrap()
+            .unwrap();
+        let edited_dir = out.join(CHECKPOINTS_DIR).join(run_ckpt::step_dir_name(12));
+        let (_, got, train) = run_ckpt::load(&edited_dir).unwrap();
+        let got_avg = run_ckpt::load_ema(&edited_dir, &cfg, &train)
+            .unwrap()
+            .unwrap();
+        assert_eq!(train.step, 12);
+        // Which values the parts cover: (tensor name, row) -> factor.
+        let factor = |name: &str, row: usize| -> Option<f32> {
+            if name.contains("layers.1.mixer.in_proj.weight") && (1..3).contains(&row) {
+                Some(0.0)
+            } else if name.contains("dt_bias") {
+                Some(-1.0)
+            } else {
+                None
+            }
+        };
+        let specs = param_specs(&cfg);
+        let mut covered = 0;
+        for (i, spec) in specs.iter().enumerate() {
+            let cols = if spec.shape.len() == 2 {
+                spec.shape[1]
+            } else {
+                1
+            };
+            let tensors = [
+                (base.weights.tensors()[i], got.weights.tensors()[i]),
+                (base_avg.tensors()[i], got_avg.tensors()[i]),
+            ];
+            for (b, g) in tensors {
+                for (k, (b, g)) in b.iter().zip(g).enumerate() {
+                    let want = factor(&spec.name, k / cols).map_or(*b, |f| b * f);
+                    assert_eq!(*g, want, "{} [{k}]", spec.name);
+                }
+            }
+            let ((bm, bv), (gm, gv)) = (&base.moments[i], &got.moments[i]);
+            for k in 0..bm.len() {
+                if factor(&spec.name, k / cols).is_some() {
+                    covered += 1;
+                    assert_eq!((gm[k], gv[k]), (0.0, 0.0), "{} moments [{k}]", spec.name);
+                } else {
+                    assert_eq!(
+                        (gm[k], gv[k]),
+                        (bm[k], bv[k]),
+                        "{} moments [{k}]",
+                        spec.name
+                    );
+                }
+            }
+        }
+        assert!(covered > 0);
+        // The copy trains on from step 12; a second copy into it is refused.
+        tiny_run(&out, 14, Some(&out));
+        assert!(
+            out.join(CHECKPOINTS_DIR)
+                .join(run_ckpt::step_dir_name(14))
+                .is_dir()
+        );
+        assert!(
+            splice(&args)
+                .unwrap_err()
+                .to_string()
+                .contains("must not exist yet"),
+            "OUT is refused once it exists"
+        );
+    }
+
+    fn base_train(ckpt: &Path) -> run_ckpt::TrainState {
+        run_ckpt::load(ckpt).unwrap().2
     }
 
     #[test]
