@@ -22,7 +22,10 @@
 #     `--data-seed DATA`; a third field sets that run's peak learning rate
 #     (else LR, else the recipe's 1e-3). All at once under CUDA MPS, each
 #     stopped at step STOP or after TOTAL seconds (cleanly: a later call
-#     resumes it). Prints a line per run (started: the first evaluation at
+#     resumes it; a directory already under ROOT with checkpoints, e.g. one
+#     that `splice_init` made from a training checkpoint, is resumed the same
+#     way). Every run logs the dynamics probe (`--log-dynamics`, which
+#     changes no step). Prints a line per run (started: the first evaluation at
 #     >= 50% raw at the training size; fitted: at >= 94%; scaled scores;
 #     raw curve) into $OUT/summary-ROOTNAME.txt. FETCH=1 (the round's last
 #     call) also returns every run's metrics and logs and stops MPS; KEEP=1
@@ -101,14 +104,14 @@ train() {
     dir=$root/${names[-1]}
     if [ -d "$dir/checkpoints" ]; then
       timeout -s INT "$total" "$bin" train --resume "$dir" --stop-after "$stop" \
-        --progress plain >> "$dir.log" 2>&1 &
+        --log-dynamics --progress plain >> "$dir.log" 2>&1 &
     else
       local from=(--seed "$a")
       [ -d ".gpu/inits/$a" ] && from=(--init-from ".gpu/inits/$a")
       rm -rf "$dir"
       timeout -s INT "$total" "$bin" train "${recipe[@]}" --device cuda --precision bf16 \
         --lr "${lr:-${LR:-1e-3}}" --min-lr 1e-5 --weight-decay 0.1 --checkpoint-every 4000 --keep 1 "${from[@]}" \
-        --data-seed "$b" --stop-after "$stop" --run-dir "$dir" --progress plain > "$dir.log" 2>&1 &
+        --data-seed "$b" --stop-after "$stop" --run-dir "$dir" --log-dynamics --progress plain > "$dir.log" 2>&1 &
     fi
   done
   wait
