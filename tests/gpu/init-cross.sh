@@ -27,7 +27,8 @@
 #     way). Every run logs the dynamics probe (`--log-dynamics`, which
 #     changes no step). Prints a line per run (started: the first evaluation at
 #     >= 50% raw at the training size; fitted: at >= 94%; scaled scores;
-#     raw curve) into $OUT/summary-ROOTNAME.txt. FETCH=1 (the round's last
+#     each block's mean retention at the last probe; raw curve) into
+#     $OUT/summary-ROOTNAME.txt. FETCH=1 (the round's last
 #     call) also returns every run's metrics and logs and stops MPS; KEEP=1
 #     returns what a later machine needs to resume the runs instead (each
 #     run's newest checkpoint, metrics and log, one archive cut into 15 MiB
@@ -128,11 +129,15 @@ for p, name in zip(pairs, names):
     if not os.path.exists(path):
         print(f"{p}: no metrics")
         continue
-    step, started, fitted, last, curve = 0, None, None, {}, []
+    step, started, fitted, last, curve, memory = 0, None, None, {}, [], "-"
     for line in open(path):
         v = json.loads(line)
         if v.get("kind") == "train":
             step = max(step, v["step"])
+        elif v.get("kind") == "dynamics":
+            # Each block's mean retention over the probe row, at the latest
+            # probe: the middle block's long memory marks a stalled run.
+            memory = "/".join(f"{l['retention_mean']:.3f}" for l in v["layers"]) + f" @{v['step']}"
         elif v.get("kind") == "eval_ema":
             last[v["set"]] = v["accuracy"]
             if v["set"] == "len 80":
@@ -144,7 +149,7 @@ for p, name in zip(pairs, names):
     s = {k: scaled(last[k]) if k in last else "-" for k in ("len 80", "len 128", "mix 20-128")}
     prod = f"{100 * last['products 8']:.1f}%" if "products 8" in last else "-"
     print(f"init {a} data {b}{' lr ' + lr if lr else ''}: step {step} started {started} fitted {fitted} @80 {s['len 80']} "
-          f"@128 {s['len 128']} mix {s['mix 20-128']} prod8 {prod} curve {' '.join(curve)}")
+          f"@128 {s['len 128']} mix {s['mix 20-128']} prod8 {prod} retention {memory} curve {' '.join(curve)}")
 PY
   grep -h "error" "$root"/*.log | sort | uniq -c | head
   # KEEP's archive holds the metrics and logs too, so FETCH adds them only
