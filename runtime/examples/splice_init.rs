@@ -9,6 +9,7 @@
 //! ```sh
 //! cargo run --release --example splice_init -- BASE DONOR OUT PART...
 //! cargo run --release --example splice_init -- BASE - OUT PART*FACTOR...
+//! cargo run --release --example splice_init -- --run CHECKPOINT - OUT PART*FACTOR...
 //! ```
 //!
 //! BASE and DONOR are model directories of one config (`config.json` and
@@ -24,9 +25,9 @@
 //! part that matches no tensor, or rows that a matching tensor does not
 //! have, is an error: a typo never splices nothing.
 //!
-//! BASE may also be a training checkpoint (`<run>/checkpoints/step-N`, with
-//! its `train_state.json`): then OUT becomes a new run directory whose one
-//! checkpoint `stepgraph train --resume OUT` continues at the same step,
+//! With `--run` first, BASE is a training checkpoint
+//! (`<run>/checkpoints/step-N`, with its `train_state.json`) and OUT becomes
+//! a new run directory whose one checkpoint `stepgraph train --resume OUT` continues at the same step,
 //! rows and schedule, with the parts changed in the weights and in the
 //! weight average alike and their Adam moments zeroed (a part changed
 //! mid-run has no history). That is the causal test of a state a run has
@@ -62,6 +63,10 @@ enum SpliceError {
     Train(#[from] TrainError),
     #[error("{0}: OUT must not exist yet (a resumable copy is a new run)")]
     OutExists(String),
+    #[error(
+        "{0}: --run needs a training checkpoint (`<run>/checkpoints/step-N`, with {STATE_FILE})"
+    )]
+    NotARun(String),
     #[error("{donor}: another model than {base}'s: {field} is {found} there, {expected} in BASE")]
     Mismatch {
         base: String,
@@ -85,6 +90,8 @@ enum SpliceError {
 }
 
 struct Args {
+    /// `--run`: BASE is a training checkpoint and OUT a resumable run.
+    run: bool,
     base: PathBuf,
     /// `None`: DONOR `-`, every part scaled.
     donor: Option<PathBuf>,
@@ -94,7 +101,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let Some(args) = parse(std::env::args().skip(1).collect()) else {
-        eprintln!("usage: splice_init BASE DONOR|- OUT PART[:LO-HI][*FACTOR]...");
+        eprintln!("usage: splice_init [--run] BASE DONOR|- OUT PART[:LO-HI][*FACTOR]...");
         return ExitCode::from(2);
     };
     match splice(&args) {
@@ -110,13 +117,18 @@ fn main() -> ExitCode {
 }
 
 fn parse(v: Vec<String>) -> Option<Args> {
-    let [base, donor, out, parts @ ..] = v.as_slice() else {
+    let (run, v) = match v.split_first() {
+        Some((flag, rest)) if flag == "--run" => (true, rest),
+        _ => (false, v.as_slice()),
+    };
+    let [base, donor, out, parts @ ..] = v else {
         return None;
     };
     if parts.is_empty() {
         return None;
     }
     Some(Args {
+        run,
         base: base.into(),
         donor: (donor != "-").then(|| donor.into()),
         out: out.into(),
@@ -147,7 +159,7 @@ fn part(s: &str) -> Option<Part> {
 /// Writes the spliced model to `args.out`; returns one line per tensor
 /// taken (whole or in part) from the donor.
 fn splice(args: &Args) -> Result<String, SpliceError> {
-    if args.base.join(STATE_FILE).is_file() {
+    if args.run {
         return splice_run(args);
     }
     let (cfg, mut weights) = checkpoint::load::<f32>(&args.base)?;
@@ -165,6 +177,9 @@ fn splice(args: &Args) -> Result<String, SpliceError> {
 /// [`splice`] of a training checkpoint: OUT is a run directory holding the
 /// changed checkpoint, for `stepgraph train --resume`.
 fn splice_run(args: &Args) -> Result<String, SpliceError> {
+    if !args.base.join(STATE_FILE).is_file() {
+        return Err(SpliceError::NotARun(args.base.display().to_string()));
+    }
     if args.out.exists() {
         return Err(SpliceError::OutExists(args.out.display().to_string()));
     }
@@ -460,20 +475,7 @@ mod tests {
         tiny_run(&src, 12, None);
         let ckpt = src.join(CHECKPOINTS_DIR).join(run_ckpt::step_dir_name(12));
         let out = dir.path().join("edited");
-        let args = parse(
-            [
-                ckpt.display().to_string(),
-                "-".into(),
-                out.display().to_string(),
-            ]
-            .into_iter()
-            .chain([
-                "layers.1.mixer.in_proj.weight:1-3*0".into(),
-                "dt_bias*-1".into(),
-            ])
-            .collect(),
-        )
-        .unwrap();
+        let args = parse(args_of(&ckpt, &out)).unwrap();
         let report = splice(&args).unwrap();
         assert!(report.contains("resumable at step 12"), "{report}");
         let (cfg, base, _) = run_ckpt::load(&ckpt).unwrap();
@@ -544,6 +546,38 @@ mod tests {
                 .contains("must not exist yet"),
             "OUT is refused once it exists"
         );
+        // Without --run the same checkpoint is a model directory, as before.
+        let model_dir = dir.path().join("model");
+        let plain = Args {
+            run: false,
+            out: model_dir.clone(),
+            ..parse(args_of(&ckpt, &out)).unwrap()
+        };
+        splice(&plain).unwrap();
+        assert!(!model_dir.join(CHECKPOINTS_DIR).exists());
+        assert_eq!(checkpoint::load::<f32>(&model_dir).unwrap().0, cfg);
+        // --run refuses a plain model directory.
+        let wrong = Args {
+            base: model_dir.clone(),
+            out: dir.path().join("again"),
+            ..parse(args_of(&ckpt, &out)).unwrap()
+        };
+        let msg = splice(&wrong).unwrap_err().to_string();
+        assert!(msg.contains("--run needs a training checkpoint"), "{msg}");
+    }
+
+    /// `--run CKPT - OUT` with the two parts the resumable test changes.
+    fn args_of(ckpt: &Path, out: &Path) -> Vec<String> {
+        let paths = [
+            ckpt.display().to_string(),
+            "-".into(),
+            out.display().to_string(),
+        ];
+        let parts = ["layers.1.mixer.in_proj.weight:1-3*0", "dt_bias*-1"];
+        std::iter::once("--run".to_owned())
+            .chain(paths)
+            .chain(parts.map(str::to_owned))
+            .collect()
     }
 
     fn base_train(ckpt: &Path) -> run_ckpt::TrainState {
@@ -561,6 +595,7 @@ mod tests {
         let out = dir.path().join("out");
         let run = |donor: &PathBuf, parts: &[&str]| {
             let args = Args {
+                run: false,
                 base: base.clone(),
                 donor: Some(donor.clone()),
                 out: out.clone(),
@@ -588,6 +623,7 @@ mod tests {
         assert_eq!(part("x*inf"), None);
         assert_eq!(part("x*"), None);
         let no_donor = Args {
+            run: false,
             base: base.clone(),
             donor: None,
             out: out.clone(),
