@@ -27,10 +27,10 @@
 //!
 //! With `--run` first, BASE is a training checkpoint
 //! (`<run>/checkpoints/step-N`, with its `train_state.json`) and OUT becomes
-//! a new run directory whose one checkpoint `stepgraph train --resume OUT` continues at the same step,
-//! rows and schedule, with the parts changed in the weights and in the
-//! weight average alike and their Adam moments zeroed (a part changed
-//! mid-run has no history). That is the causal test of a state a run has
+//! a new run directory whose one checkpoint `stepgraph train --resume OUT`
+//! continues at the same step, rows and schedule, with the parts changed in
+//! the weights and in the weight average alike and their Adam moments
+//! zeroed (a part changed mid-run has no history). That is the causal test of a state a run has
 //! grown: change it at step N and see whether the run's course changes
 //! (tests/gpu/STATE-TRACKING.md, the middle layer's long memory).
 
@@ -295,6 +295,11 @@ fn take(
     Ok((report, changed))
 }
 
+// The CPU training tests' tiny run, for the resumable mode's test.
+#[cfg(test)]
+#[path = "../tests/train_common/mod.rs"]
+mod train_common;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,66 +408,29 @@ mod tests {
         }
     }
 
-    /// A tiny parity run with a weight average, trained on the CPU for
+    /// `train_common`'s tiny parity run with two blocks (so that
+    /// `layers.1.` names one) and a weight average, trained on the CPU for
     /// `steps` (checkpointed at the end) in `dir`, or resumed from `from`
     /// and extended to `steps`.
     fn tiny_run(dir: &Path, steps: u64, from: Option<&Path>) {
-        use stepgraph::Precision;
-        use stepgraph::mamba3::AActivation;
-        use stepgraph::train::data::{DataSpec, Task};
-        use stepgraph::train::report::ProgressMode;
-        use stepgraph::train::{
-            Decay, Device, DtInit, ModelSize, Resume, Rotation, RunConfig, Setting, Stop,
-            TrainOptions, train,
-        };
+        use stepgraph::train::{ModelSize, Resume, RunConfig, Setting, Stop, train};
+        let base = train_common::run_config(steps);
         let run = RunConfig {
-            data: DataSpec::task(Task::Parity, 6, vec![6]),
             model: ModelSize {
-                d_model: 8,
                 n_layer: 2,
-                d_state: 8,
-                headdim: 4,
-                expand: 2,
-                full_rope: false,
-                rotation: Rotation::Data,
-                a_activation: AActivation::Softplus,
-                outproj_norm: false,
-                chunk_size: 64,
-                dt_init: DtInit::default(),
+                ..base.model.clone()
             },
-            device: Device::Cpu,
-            precision: Precision::F32,
-            batch: 4,
-            steps,
-            lr: 1e-2,
-            min_lr: 1e-3,
-            warmup: 1,
-            weight_decay: 0.1,
-            beta2: 0.999,
-            adam_eps: stepgraph::train::DEFAULT_ADAM_EPS,
-            decay: Decay::Matrices,
-            clip: Some(1.0),
-            seed: 3,
-            data_seed: None,
-            init_from: None,
-            eval_every: 2,
-            log_every: 1,
-            checkpoint_every: 0,
-            keep: 2,
-            keep_at: Vec::new(),
             ema: Some(0.9),
+            ..base
         };
-        let opts = TrainOptions {
+        let opts = stepgraph::train::TrainOptions {
             run,
             run_dir: from.is_none().then(|| dir.to_path_buf()),
             resume: from.map(|f| Resume {
                 from: f.to_path_buf(),
                 given: vec![Setting::Steps],
             }),
-            stop_after: None,
-            progress: ProgressMode::Quiet,
-            log_dynamics: false,
-            gpu: 0,
+            ..train_common::options(dir, steps)
         };
         train(&opts, &Stop::new()).unwrap();
     }
@@ -478,8 +446,8 @@ mod tests {
         let args = parse(args_of(&ckpt, &out)).unwrap();
         let report = splice(&args).unwrap();
         assert!(report.contains("resumable at step 12"), "{report}");
-        let (cfg, base, _) = run_ckpt::load(&ckpt).unwrap();
-        let base_avg = run_ckpt::load_ema(&ckpt, &cfg, &base_train(&ckpt))
+        let (cfg, base, base_train) = run_ckpt::load(&ckpt).unwrap();
+        let base_avg = run_ckpt::load_ema(&ckpt, &cfg, &base_train)
             .unwrap()
             .unwrap();
         let edited_dir = out.join(CHECKPOINTS_DIR).join(run_ckpt::step_dir_name(12));
@@ -578,10 +546,6 @@ mod tests {
             .chain(paths)
             .chain(parts.map(str::to_owned))
             .collect()
-    }
-
-    fn base_train(ckpt: &Path) -> run_ckpt::TrainState {
-        run_ckpt::load(ckpt).unwrap().2
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! What the checkpoint-reading examples (`arith_terms`, `bracket_depths`,
 //! `dynamics_probe`) share: scoring held-out rows of a task with the CPU
 //! reference model (f64) at each row's answer (not `dynamics_probe`), and
-//! printing a report without treating a closed pipe as an error. Cargo builds no example from this directory (it has no
-//! `main.rs`); each example includes it with `#[path]`.
+//! printing a report without treating a closed pipe as an error. Cargo
+//! builds no example from this directory (it has no `main.rs`); each
+//! example includes it with `#[path]`.
 
 use std::collections::BTreeMap;
 use std::error::Error;
