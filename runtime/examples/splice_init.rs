@@ -418,7 +418,7 @@ mod tests {
         let run = RunConfig {
             model: ModelSize {
                 n_layer: 2,
-                ..base.model.clone()
+                ..base.model
             },
             ema: Some(0.9),
             ..base
