@@ -20,7 +20,8 @@
 #     each INIT:DATA trains `--seed INIT --data-seed DATA`, or, where INIT
 #     names a directory under .gpu/inits, `--init-from` it with
 #     `--data-seed DATA`; a third field sets that run's peak learning rate
-#     (else LR, else the recipe's 1e-3). All at once under CUDA MPS, each
+#     (else LR, else the recipe's 1e-3), a fourth its precision (bf16, the
+#     default, or f32, each with its recipe chunk). All at once under CUDA MPS, each
 #     stopped at step STOP or after TOTAL seconds (cleanly: a later call
 #     resumes it; a directory already under ROOT with checkpoints, e.g. one
 #     that `splice_init` made from a training checkpoint, is resumed the same
@@ -38,15 +39,24 @@
 #     runs && cp -r .gpu/keep/NAME runs/` to resume with ROOT=runs/NAME (a
 #     ROOT inside .gpu would be overwritten by the next call's carried
 #     copy). A call returns at most 64 MiB: about nine runs' KEEP.
+#   EDIT_AT=4000 AFTER=6000 TOTAL=560 FETCH=1 bash tests/gpu/init-cross.sh \
+#     causal 1:1::f32 1:1:2e-3 2:2:2e-3 20:20:2e-3
+#     round 34 in one call, needing nothing from an earlier one: the pairs
+#     train to EDIT_AT, and each whose middle layer then keeps a long memory
+#     is continued with that layer's decay reset and, as the control, with
+#     the last layer's (`causal` below). DEVICE=cpu runs any mode's
+#     training on the CPU instead, for a smoke test of the script with a
+#     few steps (EDIT_AT=2 AFTER=1 THRESH=0 and f32 pairs).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.." && . "$here/common.sh"
-# The arithmetic recipe (runtime/src/repro/recipe.rs) as `train` flags, bf16's
-# chunk; `inits` checks them against `repro`.
+# The arithmetic recipe (runtime/src/repro/recipe.rs) as `train` flags, less
+# the chunk (each precision's own, `chunk_of`); `inits` checks them against
+# `repro`.
 recipe=(--task modarith-prec --train-len 80 --eval-lens 80,128 --curriculum 24000
   --curriculum-start 20 --skewed-rows 0.5 --eval-mix 20-128 --eval-products 8
   --d-model 128 --n-layer 3 --d-state 64 --headdim 16 --expand 2 --rotation data
-  --a-activation softplus --chunk-size 64 --dt-init 0.01,0.1 --batch 256 --steps 40000
+  --a-activation softplus --dt-init 0.01,0.1 --batch 256 --steps 40000
   --warmup 1000 --decay outputs --beta2 0.95 --adam-eps 1e-8 --clip 1
   --eval-every 1000 --log-every 40000 --keep-at 24000 --ema 0.999)
 
@@ -70,7 +80,7 @@ inits() {
   [ $# -gt 0 ] || { echo "usage: init-cross.sh inits DIR SEED..." >&2; exit 2; }
   tmp=$(mktemp -d)
   for s in "$@"; do
-    "$bin" train "${recipe[@]}" --device cpu --precision f32 --lr 1e-30 --min-lr 1e-30 \
+    "$bin" train "${recipe[@]}" --chunk-size 64 --device cpu --precision f32 --lr 1e-30 --min-lr 1e-30 \
       --weight-decay 0 --seed "$s" --stop-after 1 --run-dir "$tmp/run$s" --progress quiet \
       > "$tmp/run$s.log" 2>&1 || { cat "$tmp/run$s.log" >&2; exit 1; }
   done
@@ -92,42 +102,51 @@ inits() {
   rm -rf "$tmp"
 }
 
-train() {
-  [ $# -gt 0 ] || { echo "usage: init-cross.sh train INIT:DATA[:LR]..." >&2; exit 2; }
-  local total=${TOTAL:-530} stop=${STOP:-24000} root=${ROOT:-runs/cross} p a b lr dir names=()
-  mkdir -p "$root"
-  nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/gpu: /'
-  start_mps # one process per run
-  SECONDS=0
-  for p in "$@"; do
-    IFS=: read -r a b lr <<< "$p"
-    names+=("i$a-d$b${lr:+-lr$lr}")
-    dir=$root/${names[-1]}
-    if [ -d "$dir/checkpoints" ]; then
-      timeout -s INT "$total" "$bin" train --resume "$dir" --stop-after "$stop" \
-        --log-dynamics --progress plain >> "$dir.log" 2>&1 &
-    else
-      local from=(--seed "$a")
-      [ -d ".gpu/inits/$a" ] && from=(--init-from ".gpu/inits/$a")
-      rm -rf "$dir"
-      timeout -s INT "$total" "$bin" train "${recipe[@]}" --device cuda --precision bf16 \
-        --lr "${lr:-${LR:-1e-3}}" --min-lr 1e-5 --weight-decay 0.1 --checkpoint-every 4000 --keep 1 "${from[@]}" \
-        --data-seed "$b" --stop-after "$stop" --run-dir "$dir" --log-dynamics --progress plain > "$dir.log" 2>&1 &
-    fi
-  done
-  wait
-  echo "trained for $SECONDS s"
-  python3 - "$root" "$@" "${names[@]}" <<'PY' | tee "$out/summary-$(basename "$root").txt"
+# The recipe's chunk for a precision (the scan's faster one, recipe.rs).
+chunk_of() { [ "$1" = f32 ] && echo 32 || echo 64; }
+
+# The run directory name of a pair INIT:DATA[:LR[:PREC]].
+name_of() {
+  local a b lr prec
+  IFS=: read -r a b lr prec <<< "$1"
+  echo "i$a-d$b${lr:+-lr$lr}${prec:+-$prec}"
+}
+
+# Starts one run in the background, stopped at step $3 or after $4 seconds:
+# the pair $2 fresh in directory $1, or $1 resumed where it holds
+# checkpoints (a run of an earlier call, or one that `splice_init --run`
+# made from a training checkpoint).
+launch() {
+  local dir=$1 pair=$2 stop=$3 total=$4 a b lr prec
+  if [ -d "$dir/checkpoints" ]; then
+    timeout -s INT "$total" "$bin" train --resume "$dir" --stop-after "$stop" \
+      --log-dynamics --progress plain >> "$dir.log" 2>&1 &
+    return
+  fi
+  IFS=: read -r a b lr prec <<< "$pair"
+  prec=${prec:-bf16}
+  local from=(--seed "$a")
+  [ -d ".gpu/inits/$a" ] && from=(--init-from ".gpu/inits/$a")
+  rm -rf "$dir"
+  timeout -s INT "$total" "$bin" train "${recipe[@]}" --chunk-size "$(chunk_of "$prec")" \
+    --device "${DEVICE:-cuda}" --precision "$prec" --lr "${lr:-${LR:-1e-3}}" --min-lr 1e-5 --weight-decay 0.1 \
+    --checkpoint-every 4000 --keep 1 "${from[@]}" --data-seed "$b" --stop-after "$stop" \
+    --run-dir "$dir" --log-dynamics --progress plain > "$dir.log" 2>&1 &
+}
+
+# One line per run into $OUT/summary-ROOTNAME.txt; arguments: ROOT, then a
+# label and a directory name under ROOT per run.
+summary() {
+  local root=$1
+  shift
+  python3 - "$root" "$@" <<'PY' | tee -a "$out/summary-$(basename "$root").txt"
 import json, os, sys
-# The pairs as given, then each one's run directory as named above.
 root, rest = sys.argv[1], sys.argv[2:]
-pairs, names = rest[: len(rest) // 2], rest[len(rest) // 2 :]
 scaled = lambda a: f"{(a - 0.2) / 0.8 * 100:.1f}"
-for p, name in zip(pairs, names):
-    a, b, lr = (p.split(":") + [""])[:3]
+for label, name in zip(rest[0::2], rest[1::2]):
     path = f"{root}/{name}/metrics.jsonl"
     if not os.path.exists(path):
-        print(f"{p}: no metrics")
+        print(f"{label}: no metrics")
         continue
     step, started, fitted, last, curve, memory = 0, None, None, {}, [], "-"
     for line in open(path):
@@ -148,20 +167,119 @@ for p, name in zip(pairs, names):
                     fitted = v["step"]
     s = {k: scaled(last[k]) if k in last else "-" for k in ("len 80", "len 128", "mix 20-128")}
     prod = f"{100 * last['products 8']:.1f}%" if "products 8" in last else "-"
-    print(f"init {a} data {b}{' lr ' + lr if lr else ''}: step {step} started {started} fitted {fitted} @80 {s['len 80']} "
+    print(f"{label}: step {step} started {started} fitted {fitted} @80 {s['len 80']} "
           f"@128 {s['len 128']} mix {s['mix 20-128']} prod8 {prod} retention {memory} curve {' '.join(curve)}")
 PY
+}
+
+# What a round returns: KEEP's archive holds the metrics and logs too, so
+# FETCH adds them only without it (a call returns at most 64 MiB); FETCH
+# (a round's last call) also stops MPS.
+finish() {
+  local root=$1
+  shift
   grep -h "error" "$root"/*.log | sort | uniq -c | head
-  # KEEP's archive holds the metrics and logs too, so FETCH adds them only
-  # without it: a call returns at most 64 MiB.
   if [ -n "${KEEP:-}" ]; then
-    pack_runs "$root" "${names[@]}"
+    pack_runs "$root" "$@"
   elif [ -n "${FETCH:-}" ]; then
     (cd "$root" && tar czf "$out/metrics-$(basename "$root").tgz" ./*/metrics.jsonl ./*.log)
   fi
   if [ -n "${FETCH:-}" ]; then
     echo quit | nvidia-cuda-mps-control
   fi
+}
+
+train() {
+  [ $# -gt 0 ] || { echo "usage: init-cross.sh train INIT:DATA[:LR[:PREC]]..." >&2; exit 2; }
+  local total=${TOTAL:-530} stop=${STOP:-24000} root=${ROOT:-runs/cross} p names=() rows=()
+  mkdir -p "$root"
+  nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/gpu: /'
+  start_mps # one process per run
+  SECONDS=0
+  for p in "$@"; do
+    names+=("$(name_of "$p")")
+    launch "$root/${names[-1]}" "$p" "$stop" "$total"
+    rows+=("$p" "${names[-1]}")
+  done
+  wait
+  echo "trained for $SECONDS s"
+  summary "$root" "${rows[@]}"
+  finish "$root" "${names[@]}"
+}
+
+# Layer 2's mean retention (over its heads, a row of 128 operands) in a
+# checkpoint, by `examples/dynamics_probe`: the table's third field of its
+# second block line.
+retention2() {
+  "$(dirname "$bin")/dynamics_probe" "$1" modarith-prec 128 \
+    | awk -F'|' '$1 ~ /^2 / { split($4, r, "/"); gsub(/ /, "", r[2]); print r[2] }'
+}
+
+# Round 34, the causal test of the middle layer's long memory, whole in one
+# call (STATE-TRACKING.md): every pair trains to step EDIT_AT (default
+# 4000); each run whose layer 2 then keeps at least THRESH (0.1) of its
+# state on average is continued twice from that checkpoint for AFTER
+# (6000) steps, with layer 2's `A` rows of `in_proj` set to 0 (the test:
+# `A = softplus(0)`, a memory of tens of tokens, as at initialisation) and
+# with layer 3's (the control, the same shock elsewhere); UNEDITED=1 also
+# continues the run itself. TOTAL (560) seconds bound the whole call.
+# `splice_init` is the staged example beside the binary.
+causal() {
+  [ $# -gt 0 ] || { echo "usage: init-cross.sh causal INIT:DATA[:LR[:PREC]]..." >&2; exit 2; }
+  local total=${TOTAL:-560} at=${EDIT_AT:-4000} after=${AFTER:-6000} thresh=${THRESH:-0.1}
+  local root=${ROOT:-runs/causal} p n ckpt r arm names=() rows=() arms=()
+  local a_rows="in_proj.weight:656-672*0"
+  mkdir -p "$root"
+  nvidia-smi --query-gpu=name --format=csv,noheader | sed 's/^/gpu: /'
+  start_mps
+  SECONDS=0
+  for p in "$@"; do
+    names+=("$(name_of "$p")")
+    launch "$root/${names[-1]}" "$p" "$at" "$total"
+  done
+  wait
+  echo "phase 1 (to step $at) took $SECONDS s"
+  for n in "${names[@]}"; do rows+=("$n (to step $at)" "$n"); done
+  summary "$root" "${rows[@]}"
+  for n in "${names[@]}"; do
+    ckpt=$(find "$root/$n/checkpoints" -maxdepth 1 -name 'step-*' 2>/dev/null | sort | tail -n 1)
+    if [ -z "$ckpt" ] || [ "$(basename "$ckpt")" != "$(printf 'step-%08d' "$at")" ]; then
+      echo "$n: did not reach step $at (${ckpt:-no checkpoint}); not edited"
+      continue
+    fi
+    r=$(retention2 "$ckpt")
+    echo "$n: layer 2 mean retention $r at step $at"
+    if ! awk -v r="$r" -v t="$thresh" 'BEGIN { exit !(r != "" && r + 0 >= t + 0) }'; then
+      continue
+    fi
+    for arm in L2:1 L3:2; do
+      rm -rf "$root/$n-${arm%%:*}"
+      if "$(dirname "$bin")/splice_init" --run "$ckpt" - "$root/$n-${arm%%:*}" \
+        "layers.${arm##*:}.mixer.$a_rows" > "$root/$n-${arm%%:*}.log" 2>&1; then
+        arms+=("$n-${arm%%:*}")
+      else
+        cat "$root/$n-${arm%%:*}.log"
+      fi
+    done
+    [ -n "${UNEDITED:-}" ] && arms+=("$n")
+  done
+  if [ ${#arms[@]} -eq 0 ]; then
+    echo "no run kept a long memory in layer 2 at step $at: nothing to continue"
+  elif [ "$SECONDS" -lt "$total" ]; then
+    for n in "${arms[@]}"; do
+      launch "$root/$n" - "$((at + after))" "$((total - SECONDS))"
+    done
+    wait
+    echo "phase 2 (to step $((at + after))) ended at $SECONDS s"
+  fi
+  for n in "${arms[@]}"; do
+    [ "$n" = "${n%-L[23]}" ] && continue
+    summary "$root" "$n (${n##*-} A rows zeroed at $at)" "$n"
+  done
+  [ -n "${UNEDITED:-}" ] && for n in "${arms[@]}"; do
+    [ "$n" = "${n%-L[23]}" ] && summary "$root" "$n (unedited)" "$n"
+  done
+  finish "$root" "${names[@]}" "${arms[@]}"
 }
 
 # KEEP: each run's newest checkpoint (~6 MB; `--resume` takes the newest),
@@ -182,5 +300,6 @@ pack_runs() {
 case "${1:-}" in
   inits) shift; inits "$@" ;;
   train) shift; train "$@" ;;
-  *) echo "usage: init-cross.sh inits DIR SEED... | train INIT:DATA[:LR]..." >&2; exit 2 ;;
+  causal) shift; causal "$@" ;;
+  *) echo "usage: init-cross.sh inits DIR SEED... | train|causal INIT:DATA[:LR[:PREC]]..." >&2; exit 2 ;;
 esac
