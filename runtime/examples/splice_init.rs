@@ -15,7 +15,8 @@
 //! BASE and DONOR are model directories of one config (`config.json` and
 //! `model.safetensors`: a checkpoint, its `ema/`, or `stepgraph init`'s
 //! output). OUT, created, holds BASE's weights with every PART from DONOR. A
-//! PART is a substring of tensor names (`embedding`, `layers.1.`,
+//! PART (`stepgraph::train::edit::ParamPart`, as `stepgraph train --edit`
+//! reads it) is a substring of tensor names (`embedding`, `layers.1.`,
 //! `dt_bias`), optionally with a row range `NAME:LO-HI`: rows `LO..HI` of
 //! every matching 2-D tensor. `in_proj.weight:640-704` at d_model 128,
 //! d_state 64 and 16 heads is every layer's `dt`, `A`, trapezoid and angle
@@ -32,7 +33,8 @@
 //! the weights and in the weight average alike and their Adam moments
 //! zeroed (a part changed mid-run has no history). That is the causal test of a state a run has
 //! grown: change it at step N and see whether the run's course changes
-//! (tests/gpu/STATE-TRACKING.md, the middle layer's long memory).
+//! (tests/gpu/STATE-TRACKING.md, the middle layer's long memory). `stepgraph
+//! train --edit PART*FACTOR@N` makes the same edit inside a run.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,14 +45,13 @@ use stepgraph::train::TrainError;
 use stepgraph::train::checkpoint::{
     self as run_ckpt, CHECKPOINTS_DIR, STATE_FILE, config_difference,
 };
+use stepgraph::train::edit::{ParamPart, PartError, Span};
 
 /// One part taken from the donor, or scaled in place.
 #[derive(Debug, Clone, PartialEq)]
 struct Part {
-    /// A substring of the tensor names it takes.
-    name: String,
-    /// Rows `lo..hi` of each matching tensor; `None`: the whole tensor.
-    rows: Option<(usize, usize)>,
+    /// The tensors, or rows of them, it takes.
+    part: ParamPart,
     /// `Some(f)`: BASE's part times `f`; `None`: DONOR's part.
     scale: Option<f32>,
 }
@@ -75,18 +76,10 @@ enum SpliceError {
         found: String,
         expected: String,
     },
-    #[error("part `{0}` matches no tensor")]
-    NoMatch(String),
+    #[error(transparent)]
+    Part(#[from] PartError),
     #[error("part `{0}` is taken from the donor, but DONOR is `-`")]
     NoDonor(String),
-    #[error("part `{part}`: {tensor} of shape {shape:?} has no rows {lo}..{hi}")]
-    Rows {
-        part: String,
-        tensor: String,
-        shape: Vec<usize>,
-        lo: usize,
-        hi: usize,
-    },
 }
 
 struct Args {
@@ -141,17 +134,8 @@ fn part(s: &str) -> Option<Part> {
         None => (s, None),
         Some((s, f)) => (s, Some(f.parse::<f32>().ok().filter(|f| f.is_finite())?)),
     };
-    let (name, rows) = match s.split_once(':') {
-        None => (s, None),
-        Some((name, range)) => {
-            let (lo, hi) = range.split_once('-')?;
-            let (lo, hi) = (lo.parse().ok()?, hi.parse().ok()?);
-            (name, (lo < hi).then_some((lo, hi)).map(Some)?)
-        }
-    };
-    (!name.is_empty()).then(|| Part {
-        name: name.to_owned(),
-        rows,
+    Some(Part {
+        part: s.parse().ok()?,
         scale,
     })
 }
@@ -191,7 +175,12 @@ fn splice_run(args: &Args) -> Result<String, SpliceError> {
     if let Some(avg) = &mut ema {
         take(avg, donor.as_ref(), &specs, &args.parts)?;
     }
-    for (i, lo, hi) in changed {
+    for Span {
+        tensor: i,
+        start: lo,
+        end: hi,
+    } in changed
+    {
         let (m, v) = &mut state.moments[i];
         m[lo..hi].fill(0.0);
         v[lo..hi].fill(0.0);
@@ -236,13 +225,8 @@ fn donor(
     })
 }
 
-/// Values a part changed: the tensor's index in `param_specs` order, and the
-/// range of its values.
-type Span = (usize, usize, usize);
-
 /// Copies every part from `donor` into `weights`, or scales it there (both
-/// in `specs` order). Returns the report and what changed, as (tensor
-/// index, first value, end).
+/// in `specs` order). Returns the report and where the values changed.
 fn take(
     weights: &mut Weights<f32>,
     donor: Option<&Weights<f32>>,
@@ -254,42 +238,33 @@ fn take(
     let donors = donor.map(Weights::tensors);
     let mut tensors = weights.tensors_mut();
     for p in parts {
-        let mut matched = false;
-        for (i, (spec, dst)) in specs.iter().zip(&mut tensors).enumerate() {
-            if !spec.name.contains(&p.name) {
-                continue;
-            }
-            matched = true;
-            let (lo, hi, rows) = match (p.rows, spec.shape.as_slice()) {
-                (None, _) => (0, dst.len(), String::new()),
-                (Some((lo, hi)), [n, cols]) if hi <= *n => {
-                    (lo * cols, hi * cols, format!(" rows {lo}..{hi}"))
-                }
-                (Some((lo, hi)), shape) => {
-                    return Err(SpliceError::Rows {
-                        part: p.name.clone(),
-                        tensor: spec.name.clone(),
-                        shape: shape.to_vec(),
-                        lo,
-                        hi,
-                    });
-                }
-            };
+        let rows = p
+            .part
+            .rows
+            .map_or_else(String::new, |(lo, hi)| format!(" rows {lo}..{hi}"));
+        for Span {
+            tensor: i,
+            start,
+            end,
+        } in p.part.spans(specs)?
+        {
+            let (name, dst) = (&specs[i].name, &mut tensors[i]);
             match (p.scale, &donors) {
                 (Some(f), _) => {
-                    dst[lo..hi].iter_mut().for_each(|v| *v *= f);
-                    report.push_str(&format!("{}{rows} times {f}\n", spec.name));
+                    dst[start..end].iter_mut().for_each(|v| *v *= f);
+                    report.push_str(&format!("{name}{rows} times {f}\n"));
                 }
                 (None, Some(src)) => {
-                    dst[lo..hi].copy_from_slice(&src[i][lo..hi]);
-                    report.push_str(&format!("{}{rows} from the donor\n", spec.name));
+                    dst[start..end].copy_from_slice(&src[i][start..end]);
+                    report.push_str(&format!("{name}{rows} from the donor\n"));
                 }
-                (None, None) => return Err(SpliceError::NoDonor(p.name.clone())),
+                (None, None) => return Err(SpliceError::NoDonor(p.part.name.clone())),
             }
-            changed.push((i, lo, hi));
-        }
-        if !matched {
-            return Err(SpliceError::NoMatch(p.name.clone()));
+            changed.push(Span {
+                tensor: i,
+                start,
+                end,
+            });
         }
     }
     Ok((report, changed))

@@ -512,6 +512,7 @@ impl Recipe {
                 Vec::new()
             },
             ema: self.ema,
+            edits: Vec::new(),
         }
     }
 }

@@ -106,6 +106,12 @@ impl Ema {
     pub fn weights(&self) -> Option<&Weights<f32>> {
         self.weights.as_ref()
     }
+
+    /// The average to change in place (a weight edit changes it as it
+    /// changes the trained weights, `super::edit`).
+    pub fn weights_mut(&mut self) -> Option<&mut Weights<f32>> {
+        self.weights.as_mut()
+    }
 }
 
 #[cfg(test)]

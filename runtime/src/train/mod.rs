@@ -1,7 +1,8 @@
 //! Training: what a run is ([`config`]) and how much memory it needs
 //! ([`memory`]), data ([`data`]), the step engine seam ([`engine`]) and its
 //! CPU and GPU implementations ([`cpu`], [`gpu`]), what a state-tracking
-//! model learned about its own decay and rotation ([`dynamics`]), the lr schedule
+//! model learned about its own decay and rotation ([`dynamics`]), edits of
+//! the weights at a chosen step ([`edit`]), the lr schedule
 //! ([`schedule`]), run directories ([`rundir`]) and checkpoints
 //! ([`checkpoint`]), stopping on a signal ([`stop`]), what the user sees
 //! ([`report`], [`plot`]) and the loop ([`run`]).
@@ -15,6 +16,7 @@ pub mod config;
 pub mod cpu;
 pub mod data;
 pub mod dynamics;
+pub mod edit;
 pub mod ema;
 pub mod engine;
 pub mod gpu;

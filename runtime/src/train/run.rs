@@ -32,6 +32,7 @@ use super::config::{self, Change, Device, Rotation, RunConfig, Setting};
 use super::cpu::CpuEngine;
 use super::data::{Batch, DataSpec, Dataset, EvalSet};
 use super::dynamics::{self, Dynamics};
+use super::edit::WeightEdit;
 use super::ema::Ema;
 use super::engine::{OptimSettings, TrainEngine, rotation_rows};
 use super::gpu::{GpuBf16Engine, GpuF32Engine};
@@ -301,6 +302,7 @@ pub fn train(opts: &TrainOptions, stop: &Stop) -> Result<RunSummary, TrainError>
         }
     };
     let cfg = config::model_config(run.model, config::vocab_of(&run.data))?;
+    check_edits(&run, &cfg)?;
     let resolved = resolve_device(run.device, run.precision, opts.gpu)?;
     let (train_width, eval_widths) = widths(&run.data);
     let holder = match (&resolved, run.precision) {
@@ -369,6 +371,48 @@ fn already_finished(found: &Found, run: &RunConfig, dir: Option<&RunDir>) -> Run
         engine: found.train.engine.clone(),
         dynamics: None,
     }
+}
+
+/// Refuses an edit whose part names no parameter of `cfg`, or whose step
+/// the run never reaches (a usage error, before any device opens).
+fn check_edits(run: &RunConfig, cfg: &Mamba3Config) -> Result<(), TrainError> {
+    let specs = crate::mamba3::cpu::param_specs(cfg);
+    for e in &run.edits {
+        let reason = match e.part.spans(&specs) {
+            Err(err) => err.to_string(),
+            Ok(_) if e.step >= run.steps => format!(
+                "the run ends at step {} (--steps), so an edit after step {} never applies",
+                run.steps, e.step
+            ),
+            Ok(_) => continue,
+        };
+        return Err(TrainError::InvalidOption {
+            flag: "--edit",
+            reason: format!("{e}: {reason}"),
+        });
+    }
+    Ok(())
+}
+
+/// Applies `edit` between two steps: the engine's state read back, edited
+/// and put back (weights, moments and counters; the captured step is not
+/// rebuilt), and the weight average edited alike.
+fn apply_edit(
+    engine: &mut dyn TrainEngine,
+    ema: Option<&mut Ema>,
+    cfg: &Mamba3Config,
+    edit: &WeightEdit,
+) -> Result<(), TrainError> {
+    let specs = crate::mamba3::cpu::param_specs(cfg);
+    let mut state = engine.export_state()?;
+    let avg = ema.and_then(Ema::weights_mut);
+    edit.apply(&specs, &mut state, avg)
+        .map_err(|err| TrainError::InvalidOption {
+            flag: "--edit",
+            reason: format!("{edit}: {err}"),
+        })?;
+    engine.import_state(state)?;
+    Ok(())
 }
 
 /// Builds the engine over the run's first weights (frozen slices zeroed),
@@ -834,6 +878,16 @@ fn run_in(
         train_time += t.elapsed();
     }
     while step < run.steps && status != RunStatus::Stopped {
+        for edit in run.edits.iter().filter(|e| e.step == step) {
+            apply_edit(engine.as_mut(), ema.as_mut(), &start.cfg, edit)?;
+            log.event(&json!({"kind": "edit", "step": step, "edit": edit.to_string()}))?;
+            progress.line(&format!(
+                "step {step}: {} times {} in the weights{}, its Adam moments zeroed",
+                edit.part,
+                edit.factor,
+                if ema.is_some() { " and the average" } else { "" }
+            ));
+        }
         let t = Instant::now();
         engine.step()?;
         // The next batch is drawn and staged while a GPU step runs; the

@@ -54,6 +54,7 @@ pub fn run_config(steps: u64) -> RunConfig {
         keep: 2,
         keep_at: Vec::new(),
         ema: None,
+        edits: Vec::new(),
     }
 }
 

@@ -19,6 +19,7 @@ use clap::parser::ValueSource;
 use stepgraph::Precision;
 use stepgraph::mamba3::AActivation;
 use stepgraph::train::data::{DataFormat, DataSpec, Task};
+use stepgraph::train::edit::WeightEdit;
 use stepgraph::train::report::{ProgressMode, clock, human};
 use stepgraph::train::run::LossWindow;
 use stepgraph::train::{
@@ -225,6 +226,15 @@ pub struct Args {
     /// checkpoints save it in ema/ as a model `stepgraph eval` loads.
     #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true)]
     ema: f64,
+    /// Edit the weights once the run has trained STEP steps: PART (a
+    /// substring of tensor names, e.g. `layers.1.`, optionally with rows
+    /// `NAME:LO-HI` of each matching 2-D tensor) times FACTOR, in the
+    /// weights and the --ema average, its Adam moments zeroed; repeat the
+    /// flag or separate edits with commas. E.g.
+    /// 'layers.1.mixer.in_proj.weight:656-672*0@4000' resets the second
+    /// block's A rows (d_model 128, d_state 64, 16 heads) after step 4000.
+    #[arg(long, value_name = "PART*FACTOR@STEP", value_delimiter = ',')]
+    edit: Vec<WeightEdit>,
     /// Run directory, created for this run (default: runs/<UTC timestamp>);
     /// an existing one must be empty.
     #[arg(long)]
@@ -447,6 +457,7 @@ fn run_config(a: &Args) -> RunConfig {
         keep: a.keep,
         keep_at: a.keep_at.clone(),
         ema: (a.ema > 0.0).then_some(a.ema),
+        edits: a.edit.clone(),
     }
 }
 

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::TrainError;
 use super::data::{DataFormat, DataSpec};
+use super::edit::WeightEdit;
 use crate::Precision;
 use crate::mamba3::{AActivation, ConfigError, Mamba3Config, RopeAngles, RopeFraction};
 use crate::optim::DecayPolicy;
@@ -354,6 +355,11 @@ pub struct RunConfig {
     /// checkpoints save it. Runs saved before it was a setting kept none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ema: Option<f64>,
+    /// Edits of the weights at given steps (`--edit PART*FACTOR@STEP`,
+    /// [`super::edit`]), applied in the order given. Runs saved before it
+    /// was a setting made none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub edits: Vec<WeightEdit>,
 }
 
 impl RunConfig {
@@ -823,6 +829,7 @@ mod tests {
             keep: 1,
             keep_at: Vec::new(),
             ema: None,
+            edits: Vec::new(),
         }
     }
 

@@ -60,6 +60,7 @@ pub enum Setting {
     Keep,
     KeepAt,
     Ema,
+    Edit,
 }
 
 /// A setting a resume changed (only [`Setting::may_change`] ones).
@@ -81,7 +82,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 48] = [
+    pub const ALL: [Setting; 49] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -130,6 +131,7 @@ impl Setting {
         Self::Keep,
         Self::KeepAt,
         Self::Ema,
+        Self::Edit,
     ];
 
     /// The flag, e.g. `--min-lr`.
@@ -183,6 +185,7 @@ impl Setting {
             Self::Keep => "--keep",
             Self::KeepAt => "--keep-at",
             Self::Ema => "--ema",
+            Self::Edit => "--edit",
         }
     }
 
@@ -321,6 +324,10 @@ impl Setting {
                 format!("{flag} {}", steps.join(","))
             }),
             (Self::Ema, _) => with(cfg.ema.map_or_else(|| "0".into(), |d| d.to_string())),
+            (Self::Edit, _) => (!cfg.edits.is_empty()).then(|| {
+                let edits: Vec<String> = cfg.edits.iter().map(ToString::to_string).collect();
+                format!("{flag} {}", edits.join(","))
+            }),
         }
     }
 
