@@ -885,7 +885,11 @@ fn run_in(
                 "step {step}: {} times {} in the weights{}, its Adam moments zeroed",
                 edit.part,
                 edit.factor,
-                if ema.is_some() { " and the average" } else { "" }
+                if ema.is_some() {
+                    " and the average"
+                } else {
+                    ""
+                }
             ));
         }
         let t = Instant::now();
