@@ -1,8 +1,9 @@
 //! The f32 GPU training engine against the CPU engine: the first steps'
 //! loss, gradient norm and lr agree, the masked loss is the mean over answer
 //! positions, clipping and the non-finite skip behave as the CPU engine's
-//! (torch semantics), frozen slices never move, a resumed run is bit-identical
-//! and graph replay equals eager execution bit for bit.
+//! (torch semantics), frozen slices never move, a resumed run is bit-identical,
+//! a weight edit between replays trains on as a fresh engine would, and graph
+//! replay equals eager execution bit for bit.
 //!
 //! Every test is `#[ignore = "needs a CUDA GPU"]`; on the GPU machine they
 //! run with `--include-ignored`, where a missing GPU fails them.
@@ -14,11 +15,12 @@ use std::sync::MutexGuard;
 use stepgraph::device::Gpu;
 use stepgraph::graph::TrainingStep;
 use stepgraph::mamba3::Mamba3Config;
-use stepgraph::mamba3::cpu::Weights;
+use stepgraph::mamba3::cpu::{Weights, param_specs};
 use stepgraph::mamba3::gpu::ModelCompute;
 use stepgraph::optim::{AdamWConfig, DecayPolicy};
 use stepgraph::step::Mamba3Step;
 use stepgraph::train::data::{Batch, DataSpec, Dataset, Task};
+use stepgraph::train::edit::WeightEdit;
 use stepgraph::train::engine::rotation_rows;
 use stepgraph::train::{
     CpuEngine, EngineState, GpuEngine, GpuF32Engine, LrSchedule, OptimSettings, StepMetrics,
@@ -429,6 +431,58 @@ where
     };
     assert_eq!(straight.0, swapped.0, "every step's metrics");
     assert_eq!(state_bits(&straight.1), state_bits(&swapped.1));
+}
+
+/// A weight edit between two replays of the captured step (what `train
+/// --edit` does: export, edit, import into the live engine) trains on as a
+/// fresh engine importing the same edited state does, bit for bit; the
+/// edited part reads back as edited before the next step.
+fn edit_case<P: ModelCompute>()
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
+    let w = Weights::<f32>::init(&cfg(), 21).expect("weights");
+    let (batches, width) = parity(8, 8, 13);
+    let s = settings(Some(0.5));
+    let edit: WeightEdit = "mixer.in_proj.weight:0-8*0@4".parse().unwrap();
+    let specs = param_specs(&cfg());
+    let edited = |e: &mut dyn TrainEngine| {
+        let mut state = e.export_state().unwrap();
+        edit.apply(&specs, &mut state, None).unwrap();
+        state
+    };
+    let live = {
+        let (gpu, _lock) = context();
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
+        run(&mut e, &batches[..4]);
+        let state = edited(&mut e);
+        e.import_state(state.clone()).unwrap();
+        assert_eq!(state_bits(&e.export_state().unwrap()), state_bits(&state));
+        let m = run(&mut e, &batches[4..]);
+        (m, e.export_state().unwrap())
+    };
+    let at_edit = {
+        let (gpu, _lock) = context();
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
+        run(&mut e, &batches[..4]);
+        edited(&mut e)
+    };
+    let fresh = {
+        let (gpu, _lock) = context();
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
+        e.import_state(at_edit).unwrap();
+        let m = run(&mut e, &batches[4..]);
+        (m, e.export_state().unwrap())
+    };
+    assert_eq!(live.0, fresh.0, "metrics of steps 5..8");
+    assert_eq!(state_bits(&live.1), state_bits(&fresh.1));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_edit_between_replays_trains_on_as_a_fresh_engine_would() {
+    edit_case::<f32>();
+    edit_case::<half::bf16>();
 }
 
 #[test]

@@ -21,7 +21,9 @@
 #     names a directory under .gpu/inits, `--init-from` it with
 #     `--data-seed DATA`; a third field sets that run's peak learning rate
 #     (else LR, else the recipe's 1e-3), a fourth its precision (bf16, the
-#     default, or f32, each with its recipe chunk). All at once under CUDA MPS, each
+#     default, or f32, each with its recipe chunk); EXTRA adds flags to
+#     every fresh run (e.g. EXTRA="--edit layers.1.mixer.in_proj.weight:
+#     656-672*0@4000", no spaces inside a flag's value). All at once under CUDA MPS, each
 #     stopped at step STOP or after TOTAL seconds (cleanly: a later call
 #     resumes it; a directory already under ROOT with checkpoints, e.g. one
 #     that `splice_init` made from a training checkpoint, is resumed the same
@@ -125,13 +127,14 @@ launch() {
   fi
   IFS=: read -r a b lr prec <<< "$pair"
   prec=${prec:-bf16}
-  local from=(--seed "$a")
+  local from=(--seed "$a") extra
   [ -d ".gpu/inits/$a" ] && from=(--init-from ".gpu/inits/$a")
+  read -r -a extra <<< "${EXTRA:-}"
   rm -rf "$dir"
   timeout -s INT "$total" "$bin" train "${recipe[@]}" --chunk-size "$(chunk_of "$prec")" \
     --device "${DEVICE:-cuda}" --precision "$prec" --lr "${lr:-${LR:-1e-3}}" --min-lr 1e-5 --weight-decay 0.1 \
     --checkpoint-every 4000 --keep 1 "${from[@]}" --data-seed "$b" --stop-after "$stop" \
-    --run-dir "$dir" --log-dynamics --progress plain > "$dir.log" 2>&1 &
+    --run-dir "$dir" --log-dynamics --progress plain "${extra[@]}" > "$dir.log" 2>&1 &
 }
 
 # One line per run into $OUT/summary-ROOTNAME.txt; arguments: ROOT, then a

@@ -885,7 +885,7 @@ fn run_in(
                 "step {step}: {} times {} in the weights{}, its Adam moments zeroed",
                 edit.part,
                 edit.factor,
-                if ema.is_some() {
+                if ema.as_ref().and_then(Ema::weights).is_some() {
                     " and the average"
                 } else {
                     ""
