@@ -2,8 +2,9 @@
 //! loss, gradient norm and lr agree, the masked loss is the mean over answer
 //! positions, clipping and the non-finite skip behave as the CPU engine's
 //! (torch semantics), frozen slices never move, a resumed run is bit-identical,
-//! a weight edit between replays trains on as a fresh engine would, and graph
-//! replay equals eager execution bit for bit.
+//! a weight edit between replays trains on as a fresh engine would, batches
+//! trimmed to their longest row train as padded ones, and graph replay
+//! equals eager execution bit for bit.
 //!
 //! Every test is `#[ignore = "needs a CUDA GPU"]`; on the GPU machine they
 //! run with `--include-ignored`, where a missing GPU fails them.
@@ -476,6 +477,104 @@ where
     };
     assert_eq!(live.0, fresh.0, "metrics of steps 5..8");
     assert_eq!(state_bits(&live.1), state_bits(&fresh.1));
+}
+
+/// `n` parity batches of `rows` rows whose largest size grows from 2 to
+/// 40 over `2 n` batches (so the first ones are far narrower than the
+/// training width), and that width.
+fn growing(n: usize, rows: usize, seed: u64) -> (Vec<Batch>, usize) {
+    let DataSpec::Task { task, .. } = DataSpec::task(Task::Parity, 40, vec![]) else {
+        unreachable!("a task spec")
+    };
+    let spec = DataSpec::Task {
+        task,
+        train_len: 40,
+        eval_lens: vec![],
+        curriculum: u64::try_from(2 * n).expect("steps"),
+        curriculum_gate: 0.0,
+        curriculum_start: 2,
+        train_min_len: 0,
+        skewed_rows: 0.0,
+        skew_drop: 0.0,
+        eval_mix: None,
+        eval_products: None,
+    };
+    let mut data = Dataset::new(&spec, seed, rows).expect("dataset");
+    let width = data.train_width();
+    let batches = (0..n)
+        .map(|_| data.next_batch(rows).expect("batch"))
+        .collect();
+    (batches, width)
+}
+
+/// Batches trimmed to their longest row (`--trim`) replay the graphs
+/// captured at their widths: bit for bit what the step computes eagerly at
+/// those widths, and, up to the sums' rounding, what the padded batches
+/// train.
+fn trim_case<P: ModelCompute>(tolerance: f64)
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
+    let w = Weights::<f32>::init(&cfg(), 22).expect("weights");
+    let (batches, width) = growing(8, 8, 14);
+    let trimmed: Vec<Batch> = batches.iter().map(|b| b.trimmed(8)).collect();
+    assert!(
+        trimmed.iter().any(|b| b.width < width),
+        "some batch is narrower than the training width"
+    );
+    let s = settings(Some(0.5));
+    let padded = {
+        let (gpu, _lock) = context();
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
+        (run(&mut e, &batches), e.export_state().unwrap())
+    };
+    let replayed = {
+        let (gpu, _lock) = context();
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
+        e.capture_widths(&Batch::trimmed_widths(width, 8)).unwrap();
+        (run(&mut e, &trimmed), e.export_state().unwrap())
+    };
+    let eager = {
+        let (gpu, _lock) = context();
+        let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
+        e.capture_widths(&Batch::trimmed_widths(width, 8)).unwrap();
+        let m: Vec<StepMetrics> = trimmed
+            .iter()
+            .map(|b| {
+                e.load_batch(b).unwrap();
+                e.step_eager().unwrap();
+                e.metrics().unwrap()
+            })
+            .collect();
+        (m, e.export_state().unwrap())
+    };
+    assert_eq!(replayed.0, eager.0, "replayed and eager metrics");
+    assert_eq!(state_bits(&replayed.1), state_bits(&eager.1));
+    for (a, b) in padded.0.iter().zip(&replayed.0) {
+        assert!(
+            rel(b.loss, a.loss) < tolerance,
+            "loss {} vs {}",
+            b.loss,
+            a.loss
+        );
+        assert!(rel(b.grad_norm, a.grad_norm) < tolerance, "grad norm");
+    }
+    for (x, y) in padded
+        .1
+        .weights
+        .tensors()
+        .iter()
+        .zip(replayed.1.weights.tensors())
+    {
+        assert!(rel_vec(y, x) < tolerance, "weights");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn trimmed_batches_train_as_padded_ones() {
+    trim_case::<f32>(1e-4);
+    trim_case::<half::bf16>(2e-2);
 }
 
 #[test]

@@ -99,6 +99,48 @@ fn batches_pad_and_mask_only_answers() {
     assert!(!b.scored(0) && !b.scored(3));
 }
 
+#[test]
+fn a_trimmed_batch_keeps_every_answer_and_drops_only_padding() {
+    let mut r = rng(6);
+    let exs: Vec<_> = [3, 17, 9]
+        .iter()
+        .map(|&n| Task::Parity.generate(n, &mut r))
+        .collect();
+    let full = Batch::from_examples(&exs, Task::Parity.width(60), Task::Parity.pad());
+    assert_eq!(full.seq_len(), 61);
+    // The longest row scores its answer at prediction 17: 18 predictions,
+    // rounded up to 32.
+    let cut = full.trimmed(16);
+    assert_eq!((cut.rows, cut.width), (3, 33));
+    assert_eq!(cut.scored_count(), full.scored_count());
+    for r in 0..3 {
+        let (a, b) = (r * full.width, r * cut.width);
+        assert_eq!(cut.tokens[b..b + 33], full.tokens[a..a + 33], "row {r}");
+        assert!(
+            full.tokens[a + 33..a + full.width]
+                .iter()
+                .all(|&t| t == Task::Parity.pad()),
+            "only padding is cut"
+        );
+        for p in 0..32 {
+            assert_eq!(cut.scored(r * 32 + p), full.scored(r * 61 + p));
+        }
+    }
+    assert_eq!(cut.trimmed(16), cut, "trimming twice changes nothing");
+    assert_eq!(full.trimmed(64), full, "a step past the width keeps it");
+    assert_eq!(Batch::trimmed_widths(62, 16), vec![17, 33, 49, 62]);
+    assert_eq!(Batch::trimmed_widths(33, 16), vec![17, 33]);
+    let file = Batch {
+        mask: None,
+        ..full.clone()
+    };
+    assert_eq!(
+        file.trimmed(16),
+        file,
+        "a batch scoring every prediction stays whole"
+    );
+}
+
 fn task_spec(task: Task, train_len: usize, eval_lens: Vec<usize>) -> DataSpec {
     DataSpec::task(task, train_len, eval_lens)
 }

@@ -174,6 +174,18 @@ impl Mamba3Shape {
         })
     }
 
+    /// The same model and batch over a window of `len` tokens: what a step
+    /// captured for a narrower batch runs (its buffers sized for the wider
+    /// window hold it, each layout being rows-major and shrinking with `len`).
+    pub fn with_len(&self, len: usize) -> Self {
+        Self {
+            len,
+            rows: self.batch.saturating_mul(len),
+            nchunks: len.div_ceil(self.chunk.max(1)),
+            ..*self
+        }
+    }
+
     /// `rows * k`, checked.
     pub fn per_row(&self, k: usize) -> Result<usize, GpuError> {
         crate::device::checked_elems("mamba3: rows x width", self.rows, k)

@@ -531,7 +531,7 @@ fn write_files(
         md.push_str(&format!(
             "- {}: `--task {} --n-layer {} --d-model {} --headdim {} --train-len {} \
              --eval-lens {},{} --eval-mix {}-{} --curriculum {}{}{}{}{}{} --steps {} --batch {} --lr {} --min-lr {} --warmup {} \
-             --dt-init {}{}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`){}, {}, clip 1, scan chunk {} \
+             --dt-init {}{}{}`, d_state {}, softplus A, AdamW beta2 {} (`--beta2`){}, {}, clip 1, scan chunk {} \
              (`--chunk-size`){}\n",
             recipe::column(t),
             t.name(),
@@ -576,6 +576,7 @@ fn write_files(
             r.warmup,
             r.dt_init,
             r.ema.map_or_else(String::new, |d| format!(" --ema {d}")),
+            if r.trim { " --trim" } else { "" },
             recipe::d_state(opts.quick),
             recipe::BETA2,
             if r.adam_eps == DEFAULT_ADAM_EPS {

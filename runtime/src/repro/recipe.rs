@@ -134,6 +134,9 @@ pub struct Recipe {
     /// Probability that a symbol is left out of a skewed row
     /// (`stepgraph train --skew-drop`).
     pub skew_drop: f64,
+    /// Whether each training batch is trimmed to its longest row
+    /// (`stepgraph train --trim`): the same runs in fewer tokens.
+    pub trim: bool,
 }
 
 /// The scan's chunk length for a table in `precision`: the same math at
@@ -206,6 +209,7 @@ fn arithmetic(task: Task) -> Recipe {
         decay: Decay::Outputs,
         skewed_rows: 0.0,
         skew_drop: 0.0,
+        trim: false,
     }
 }
 
@@ -247,6 +251,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             decay: Decay::Outputs,
             skewed_rows: 0.5,
             skew_drop: 0.0,
+            trim: false,
         },
         // 80 operands: rows of 2 * 80 + 1 = 161 tokens; 128: 257. The
         // curriculum starts at 20 operands (41 tokens). Half the rows skewed
@@ -359,6 +364,10 @@ pub struct Overrides {
     /// before it.
     #[serde(default)]
     pub decay: Option<Decay>,
+    /// Every run trims its batches to their longest row (`--trim`).
+    /// Absent from tables written before it.
+    #[serde(default)]
+    pub trim: bool,
 }
 
 impl Overrides {
@@ -406,6 +415,7 @@ impl Overrides {
             skew_drop: self
                 .skew_drop
                 .unwrap_or(if skewed_rows == 0.0 { 0.0 } else { r.skew_drop }),
+            trim: self.trim || r.trim,
             ..r
         }
     }
@@ -513,6 +523,7 @@ impl Recipe {
             },
             ema: self.ema,
             edits: Vec::new(),
+            trim: self.trim,
         }
     }
 }
@@ -584,6 +595,7 @@ mod tests {
             skewed_rows: Some(0.25),
             skew_drop: Some(0.3),
             decay: Some(Decay::Matrices),
+            trim: true,
         };
         let r = o.apply(base.clone());
         // Every column decays the outputs only unless told otherwise.
@@ -596,6 +608,7 @@ mod tests {
         assert_eq!((base.adam_eps, r.adam_eps), (DEFAULT_ADAM_EPS, 1e-5));
         let run = r.run(Rotation::Data, 1, Precision::Bf16, Device::Cuda, false);
         assert_eq!((run.warmup, run.adam_eps), (40, 1e-5));
+        assert!(!base.trim && run.trim, "no recipe trims unless told to");
         assert_eq!((base.ema, r.ema), (Some(0.999), Some(0.999)));
         let parity = recipe(Task::Parity, false);
         let o = Overrides {

@@ -182,8 +182,8 @@ pub fn apply_loss_weights<B>(
     control: &mut StepControl,
 ) -> Result<(), Mamba3GpuError> {
     let sh = acts.shape;
-    crate::mamba3::gpu::same(
-        "loss weights (batch * seq_len)",
+    crate::mamba3::gpu::at_least(
+        "loss weights (at least batch * seq_len)",
         sh.rows,
         loss_weights.len(),
     )?;

@@ -276,6 +276,15 @@ pub trait TrainEngine {
     fn model_config(&self) -> &Mamba3Config;
     /// The lr schedule the following steps evaluate (on the device for GPUs).
     fn set_schedule(&mut self, schedule: LrSchedule);
+    /// Makes batches of these widths (each at most the training width)
+    /// trainable besides the training width, for a run that trims each
+    /// batch to its longest row (`--trim`): the GPU engines capture their
+    /// step once more per width, in the same buffers; the CPU engine runs
+    /// any width and has nothing to prepare.
+    fn capture_widths(&mut self, widths: &[usize]) -> Result<(), EngineError> {
+        let _ = widths;
+        Ok(())
+    }
     /// Stages the batch the next [`Self::step`] trains on.
     fn load_batch(&mut self, batch: &Batch) -> Result<(), EngineError>;
     /// Runs (GPU: enqueues) one step on the staged batch: forward, masked

@@ -6,8 +6,10 @@
 //! importing re-syncs the bf16 copies).
 //!
 //! The step is captured once, for the run's training shape, when the engine
-//! is built; every [`TrainEngine::step`] is one guarded graph replay and
-//! returns without waiting. Batches go through two pinned host buffers used
+//! is built, and again over narrower windows in the same buffers where the
+//! run trims its batches ([`TrainEngine::capture_widths`]); every
+//! [`TrainEngine::step`] is one guarded replay of the graph of the staged
+//! batch's width and returns without waiting. Batches go through two pinned host buffers used
 //! in turn: [`TrainEngine::load_batch`] fills one on the host (while the
 //! previous step runs on the device) and enqueues its upload into the
 //! step's input buffers behind the running replay, so stream order keeps
@@ -71,6 +73,8 @@ where
     // Field order is drop order: the graph before the buffers it points
     // into, every buffer before the context.
     graph: <Mamba3Step<P> as TrainingStep>::Graph,
+    /// The step captured over narrower windows, by batch width, ascending.
+    narrow: Vec<(usize, <Mamba3Step<P> as TrainingStep>::Graph)>,
     step: Mamba3Step<P>,
     eval: HashMap<(usize, usize), EvalBufs<Acts<DeviceBuffer<P>>>>,
     staging: [Staging; 2],
@@ -79,6 +83,8 @@ where
     cfg: Mamba3Config,
     rows: usize,
     width: usize,
+    /// The width of the staged batch: which graph the next step replays.
+    staged_width: usize,
     staged: bool,
     stepped: bool,
     last: Option<StepMetrics>,
@@ -146,6 +152,7 @@ where
         let report = gpu.alloc_pinned::<f64>(report::LEN)?;
         Ok(Self {
             graph,
+            narrow: Vec::new(),
             step,
             eval: HashMap::new(),
             staging,
@@ -154,6 +161,7 @@ where
             cfg,
             rows,
             width,
+            staged_width: width,
             staged: false,
             stepped: false,
             last: None,
@@ -176,8 +184,30 @@ where
     /// compare the two); the same ops, in spec order.
     pub fn step_eager(&mut self) -> Result<(), EngineError> {
         self.take_staged()?;
-        self.step.run_eager(&self.gpu)?;
+        self.set_len(self.staged_width - 1)?;
+        let ran = self.step.run_eager(&self.gpu);
+        self.set_len(self.width - 1)?;
+        ran?;
         self.after_step()
+    }
+
+    /// Points the step's ops at windows of `len` tokens (see
+    /// [`crate::mamba3::gpu::Acts::set_len`]).
+    fn set_len(&mut self, len: usize) -> Result<(), EngineError> {
+        self.step.acts.set_len(len)?;
+        self.step.grads.work.set_len(len)?;
+        Ok(())
+    }
+
+    /// The graph that runs batches of `width`.
+    fn graph_for(&self, width: usize) -> Option<&<Mamba3Step<P> as TrainingStep>::Graph> {
+        if width == self.width {
+            return Some(&self.graph);
+        }
+        self.narrow
+            .iter()
+            .find(|(w, _)| *w == width)
+            .map(|(_, g)| g)
     }
 
     /// Checks a batch is staged and writes a new schedule, if any, to the
@@ -283,6 +313,16 @@ where
     }
 }
 
+/// Copies `src` into the front of `dst` (a staging buffer sized for the
+/// widest batch).
+fn prefix<T: Copy>(dst: &mut [T], src: &[T]) -> Result<(), EngineError> {
+    let head = dst
+        .get_mut(..src.len())
+        .ok_or(EngineError::Order("batch wider than its staging buffer"))?;
+    head.copy_from_slice(src);
+    Ok(())
+}
+
 fn metrics_of(r: &[f64]) -> StepMetrics {
     let at = |i: usize| r.get(i).copied().unwrap_or(f64::NAN);
     #[expect(
@@ -322,8 +362,35 @@ where
         self.schedule = Some(schedule);
     }
 
+    fn capture_widths(&mut self, widths: &[usize]) -> Result<(), EngineError> {
+        for &w in widths {
+            if w == self.width || self.graph_for(w).is_some() {
+                continue;
+            }
+            if w < 2 || w > self.width {
+                return Err(EngineError::BatchShape {
+                    ids: self.rows.saturating_mul(w),
+                    rows: self.rows,
+                    width: w,
+                });
+            }
+            let len = w - 1;
+            self.set_len(len)?;
+            let shape = ShapeKey {
+                batch: self.rows,
+                seq_len: len,
+            };
+            let captured = self.step.capture(&self.gpu, shape);
+            self.set_len(self.width - 1)?;
+            self.narrow.push((w, captured?));
+        }
+        self.narrow.sort_by_key(|(w, _)| *w);
+        Ok(())
+    }
+
     fn load_batch(&mut self, batch: &Batch) -> Result<(), EngineError> {
-        if (batch.rows, batch.width) != (self.rows, self.width)
+        if batch.rows != self.rows
+            || self.graph_for(batch.width).is_none()
             || batch.tokens.len() != batch.rows * batch.width
         {
             return Err(EngineError::BatchMismatch {
@@ -334,28 +401,34 @@ where
                 want_width: self.width,
             });
         }
-        let preds = self.rows * (self.width - 1);
+        let preds = self.rows * batch.seq_len();
         let weights =
             loss_weights_for(preds, |i| batch.scored(i)).ok_or(EngineError::NothingScored)?;
         let k = self.next_slot;
         let mut ids = vec![0i32; batch.tokens.len()];
         self.check_ids(batch, &mut ids)?;
         let slot = &mut self.staging[k];
-        // Waits only for this slot's previous upload, two batches ago.
-        slot.tokens.as_mut_slice()?.copy_from_slice(&ids);
-        slot.weights.as_mut_slice()?.copy_from_slice(&weights);
+        // Waits only for this slot's previous upload, two batches ago. A
+        // narrower batch fills the front of each buffer, which is all its
+        // graph reads; the whole buffer is uploaded, the tail unread.
+        prefix(slot.tokens.as_mut_slice()?, &ids)?;
+        prefix(slot.weights.as_mut_slice()?, &weights)?;
         self.gpu
             .copy_from_pinned(&slot.tokens, &mut self.step.tokens)?;
         self.gpu
             .copy_from_pinned(&slot.weights, &mut self.step.loss_weights)?;
         self.next_slot = 1 - k;
+        self.staged_width = batch.width;
         self.staged = true;
         Ok(())
     }
 
     fn step(&mut self) -> Result<(), EngineError> {
         self.take_staged()?;
-        self.step.replay(&self.gpu, &self.graph)?;
+        let graph = self
+            .graph_for(self.staged_width)
+            .ok_or(EngineError::Order("no graph for the staged batch's width"))?;
+        self.step.replay(&self.gpu, graph)?;
         self.after_step()
     }
 

@@ -373,6 +373,16 @@ fn already_finished(found: &Found, run: &RunConfig, dir: Option<&RunDir>) -> Run
     }
 }
 
+/// The next training batch, trimmed to its longest row with `--trim`.
+fn draw(data: &mut Dataset, run: &RunConfig) -> Result<Batch, TrainError> {
+    let batch = data.next_batch(run.batch)?;
+    Ok(if run.trim {
+        batch.trimmed(config::TRIM_STEP)
+    } else {
+        batch
+    })
+}
+
 /// Refuses an edit whose part names no parameter of `cfg`, or whose step
 /// the run never reaches (a usage error, before any device opens).
 fn check_edits(run: &RunConfig, cfg: &Mamba3Config) -> Result<(), TrainError> {
@@ -495,9 +505,14 @@ fn start_lines(
         progress.line(&format!("initial weights from {}", dir.display()));
     }
     progress.line(&format!(
-        "batch {} x {} tokens, {} steps{}, lr {:.1e} (warmup {}, cosine to {:.1e}); run dir {}",
+        "batch {} x {} tokens{}, {} steps{}, lr {:.1e} (warmup {}, cosine to {:.1e}); run dir {}",
         run.batch,
         data.train_width() - 1,
+        if run.trim {
+            " (each trimmed to its longest row)"
+        } else {
+            ""
+        },
         run.steps,
         if at > 0 {
             format!(" (resuming at {at})")
@@ -725,6 +740,9 @@ fn run_in(
     let (rows, width) = (start.run.batch, data.train_width());
     let mut start = start;
     let (mut engine, notice) = build_engine(&mut start, settings, rows, width)?;
+    if start.run.trim {
+        engine.capture_widths(&Batch::trimmed_widths(width, config::TRIM_STEP))?;
+    }
     let info = engine.info();
     let engine_name = format!("{} {}", info.name, info.precision);
     let run = &start.run;
@@ -868,7 +886,7 @@ fn run_in(
     }
     if step < run.steps {
         let t = Instant::now();
-        let first_batch = data.next_batch(run.batch)?;
+        let first_batch = draw(&mut data, run)?;
         engine.load_batch(&first_batch)?;
         // The uninterrupted run showed the gate the saved step's loss only
         // after drawing this batch; so does the resumed one.
@@ -898,7 +916,7 @@ fn run_in(
         // checkpoint position is the one before drawing it.
         let pos = data.position();
         if step + 1 < run.steps {
-            let next = data.next_batch(run.batch)?;
+            let next = draw(&mut data, run)?;
             engine.load_batch(&next)?;
         }
         let m = engine.metrics()?;

@@ -55,6 +55,7 @@ pub fn run_config(steps: u64) -> RunConfig {
         keep_at: Vec::new(),
         ema: None,
         edits: Vec::new(),
+        trim: false,
     }
 }
 

@@ -145,6 +145,11 @@ struct StArgs {
     /// (`stepgraph train --decay`).
     #[arg(long, value_enum)]
     decay: Option<DecayArg>,
+    /// Trim every run's training batches to their longest row (`stepgraph
+    /// train --trim`): the same runs in fewer tokens while the curriculum's
+    /// rows are short.
+    #[arg(long)]
+    trim: bool,
     /// Stop every run at this step (as a signal would: a checkpoint, and
     /// --resume continues it) and report the runs so far. A screen: which
     /// runs fit their training size while the curriculum grows shows by its
@@ -160,7 +165,7 @@ struct StArgs {
             "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "min_lr", "warmup", "d_model", "headdim",
             "curriculum_gate", "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps",
-            "skewed_rows", "skew_drop", "decay", "stop_after",
+            "skewed_rows", "skew_drop", "decay", "trim", "stop_after",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -175,7 +180,7 @@ struct StArgs {
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
             "steps", "curriculum", "batch", "lr", "min_lr", "warmup", "d_model", "headdim", "curriculum_gate",
             "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps", "skewed_rows",
-            "skew_drop", "decay", "merge", "out",
+            "skew_drop", "decay", "trim", "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -241,6 +246,7 @@ fn options(a: &StArgs) -> ReproOptions {
             skewed_rows: a.skewed_rows,
             skew_drop: a.skew_drop,
             decay: a.decay.map(Into::into),
+            trim: a.trim,
         },
     }
 }

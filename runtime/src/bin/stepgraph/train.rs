@@ -235,6 +235,13 @@ pub struct Args {
     /// block's A rows (d_model 128, d_state 64, 16 heads) after step 4000.
     #[arg(long, value_name = "PART*FACTOR@STEP", value_delimiter = ',')]
     edit: Vec<WeightEdit>,
+    /// Trim each training batch to its longest row (in steps of 16
+    /// tokens): a task's rows are one instance each, padded to the training
+    /// size, so a batch of short rows trains on fewer tokens. The same
+    /// mathematics (the model is causal); on the GPU, one captured graph
+    /// per width.
+    #[arg(long)]
+    trim: bool,
     /// Run directory, created for this run (default: runs/<UTC timestamp>);
     /// an existing one must be empty.
     #[arg(long)]
@@ -458,6 +465,7 @@ fn run_config(a: &Args) -> RunConfig {
         keep_at: a.keep_at.clone(),
         ema: (a.ema > 0.0).then_some(a.ema),
         edits: a.edit.clone(),
+        trim: a.trim,
     }
 }
 

@@ -186,9 +186,13 @@ impl<T: Compute> LayerActs<DeviceBuffer<T>> {
 /// storage of the GEMM operands (f32 by default).
 #[derive(Debug, DevicePtrs)]
 pub struct Acts<B = DeviceBuffer<f32>> {
-    /// The shape every buffer is sized for.
+    /// The shape the ops run at: `capacity`, or a narrower window
+    /// ([`Self::set_len`]).
     #[ptrs(skip)]
     pub shape: Mamba3Shape,
+    /// The shape every buffer is sized for.
+    #[ptrs(skip)]
+    pub capacity: Mamba3Shape,
     /// One entry per block.
     pub layers: Vec<LayerActs<B>>,
     /// Rotated queries of the block being run `[rows, H, N]`, shared by
@@ -251,6 +255,7 @@ impl<T: Compute> Acts<DeviceBuffer<T>> {
         };
         Ok(Self {
             shape: sh,
+            capacity: sh,
             layers,
             q: buf_of(gpu, Ok(qk))?,
             k: buf_of(gpu, Ok(qk))?,
@@ -266,16 +271,39 @@ impl<T: Compute> Acts<DeviceBuffer<T>> {
 
     /// `(batch, seq_len)` these activations are sized for.
     pub fn batch_len(&self) -> (usize, usize) {
-        (self.shape.batch, self.shape.len)
+        (self.capacity.batch, self.capacity.len)
     }
+
+    /// Runs the ops that follow over windows of `len` tokens (at most the
+    /// capacity's), in the same buffers: a step captured after it replays
+    /// batches of that width.
+    pub fn set_len(&mut self, len: usize) -> Result<(), Mamba3GpuError> {
+        self.shape = narrowed(&self.capacity, len)?;
+        Ok(())
+    }
+}
+
+/// `capacity` over `len` tokens, refused beyond it or at 0.
+fn narrowed(capacity: &Mamba3Shape, len: usize) -> Result<Mamba3Shape, Mamba3GpuError> {
+    if len == 0 || len > capacity.len {
+        return Err(Mamba3GpuError::Shape {
+            what: "window length of a narrower step (1..=the buffers' seq_len)",
+            expected: capacity.len,
+            found: len,
+        });
+    }
+    Ok(capacity.with_len(len))
 }
 
 /// Intermediate gradients of the backward pass (reused by every layer).
 #[derive(Debug, DevicePtrs)]
 pub struct BackwardWork {
-    /// The shape every buffer is sized for.
+    /// The shape the backward pass runs at (see [`Acts::shape`]).
     #[ptrs(skip)]
     pub shape: Mamba3Shape,
+    /// The shape every buffer is sized for.
+    #[ptrs(skip)]
+    pub capacity: Mamba3Shape,
     /// dL/d residual stream `[rows, d_model]`.
     pub dh: DeviceBuffer<f32>,
     /// dL/d (normed input): `norm_f` output, then each mixer input `[rows, d_model]`.
@@ -375,6 +403,7 @@ impl BackwardWork {
         .unwrap_or(1);
         Ok(Self {
             shape: sh,
+            capacity: sh,
             dh: buf(gpu, sh.per_row(sh.d_model))?,
             dnorm: buf(gpu, sh.per_row(sh.d_model))?,
             dlogits: buf(gpu, sh.per_row(sh.vocab))?,
@@ -399,5 +428,11 @@ impl BackwardWork {
             contrib_c: buf(gpu, sh.per_row(gn))?,
             partials: buf(gpu, Ok(partials))?,
         })
+    }
+
+    /// The backward pass's side of [`Acts::set_len`].
+    pub fn set_len(&mut self, len: usize) -> Result<(), Mamba3GpuError> {
+        self.shape = narrowed(&self.capacity, len)?;
+        Ok(())
     }
 }

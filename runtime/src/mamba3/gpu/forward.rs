@@ -48,8 +48,8 @@ pub(crate) fn check_step<B>(
         w.layers.len(),
         acts.layers.len(),
     )?;
-    same(
-        "tokens (batch * (seq_len + 1))",
+    super::at_least(
+        "tokens (at least batch * (seq_len + 1))",
         sh.batch * (sh.len + 1),
         tokens.len(),
     )?;

@@ -82,6 +82,25 @@ impl OpError for Mamba3GpuError {
     }
 }
 
+/// Fails unless `found >= expected`, naming `what`: an input buffer sized
+/// for the widest window a step runs holds every narrower one
+/// ([`Acts::set_len`]).
+pub(crate) fn at_least(
+    what: &'static str,
+    expected: usize,
+    found: usize,
+) -> Result<(), Mamba3GpuError> {
+    if found >= expected {
+        Ok(())
+    } else {
+        Err(Mamba3GpuError::Shape {
+            what,
+            expected,
+            found,
+        })
+    }
+}
+
 /// Fails unless `found == expected`, naming `what`.
 pub(crate) fn same(
     what: &'static str,

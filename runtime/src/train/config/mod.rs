@@ -360,7 +360,20 @@ pub struct RunConfig {
     /// was a setting made none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub edits: Vec<WeightEdit>,
+    /// Trim each training batch to its longest row, in steps of
+    /// [`TRIM_STEP`] predictions (`--trim`): a task's rows are one
+    /// instance each, padded to the training size, and most of a row is
+    /// padding while the curriculum is short. The same mathematics (the
+    /// model is causal) in fewer tokens; the GPU engines capture their step
+    /// once per width. Runs saved before it was a setting did not trim.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trim: bool,
 }
+
+/// The granularity of `--trim`, in predictions: coarse enough that a run
+/// captures a handful of graphs (ten at 160 tokens), fine enough that a
+/// batch keeps at most 15 columns of padding past its longest row.
+pub const TRIM_STEP: usize = 16;
 
 impl RunConfig {
     /// The seed the data draws from: `data_seed`, else `seed`.
@@ -830,6 +843,7 @@ mod tests {
             keep_at: Vec::new(),
             ema: None,
             edits: Vec::new(),
+            trim: false,
         }
     }
 

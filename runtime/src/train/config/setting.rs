@@ -61,6 +61,7 @@ pub enum Setting {
     KeepAt,
     Ema,
     Edit,
+    Trim,
 }
 
 /// A setting a resume changed (only [`Setting::may_change`] ones).
@@ -82,7 +83,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 49] = [
+    pub const ALL: [Setting; 50] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -132,6 +133,7 @@ impl Setting {
         Self::KeepAt,
         Self::Ema,
         Self::Edit,
+        Self::Trim,
     ];
 
     /// The flag, e.g. `--min-lr`.
@@ -186,6 +188,7 @@ impl Setting {
             Self::KeepAt => "--keep-at",
             Self::Ema => "--ema",
             Self::Edit => "--edit",
+            Self::Trim => "--trim",
         }
     }
 
@@ -324,6 +327,7 @@ impl Setting {
                 format!("{flag} {}", steps.join(","))
             }),
             (Self::Ema, _) => with(cfg.ema.map_or_else(|| "0".into(), |d| d.to_string())),
+            (Self::Trim, _) => switch(cfg.trim),
             (Self::Edit, _) => (!cfg.edits.is_empty()).then(|| {
                 let edits: Vec<String> = cfg.edits.iter().map(ToString::to_string).collect();
                 format!("{flag} {}", edits.join(","))

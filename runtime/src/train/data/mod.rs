@@ -77,6 +77,55 @@ impl Batch {
         }
     }
 
+    /// The batch cut to its longest row: the fewest predictions, a multiple
+    /// of `step` (at most this batch's), that keep every scored one. The
+    /// model is causal, so no scored prediction sees the columns cut (each
+    /// row's instance ends at its last answer; what follows is padding).
+    /// A batch that scores every prediction (a `--data` file) is returned
+    /// whole.
+    pub fn trimmed(&self, step: usize) -> Batch {
+        let t = self.seq_len();
+        let Some(mask) = &self.mask else {
+            return self.clone();
+        };
+        let need = mask
+            .chunks(t.max(1))
+            .filter_map(|row| row.iter().rposition(|&b| b))
+            .map(|p| p + 1)
+            .max()
+            .unwrap_or(1);
+        let len = need
+            .div_ceil(step.max(1))
+            .saturating_mul(step.max(1))
+            .min(t);
+        if len == t {
+            return self.clone();
+        }
+        let width = len + 1;
+        let mut tokens = Vec::with_capacity(self.rows * width);
+        let mut kept = Vec::with_capacity(self.rows * len);
+        for (row, m) in self.tokens.chunks(self.width).zip(mask.chunks(t.max(1))) {
+            tokens.extend_from_slice(&row[..width]);
+            kept.extend_from_slice(&m[..len]);
+        }
+        Batch {
+            rows: self.rows,
+            width,
+            tokens,
+            mask: Some(kept),
+        }
+    }
+
+    /// Every width [`Self::trimmed`] can give a batch of `width`, narrowest
+    /// first, `width` itself last.
+    pub fn trimmed_widths(width: usize, step: usize) -> Vec<usize> {
+        let t = width.saturating_sub(1);
+        let step = step.max(1);
+        (1..=t.div_ceil(step))
+            .map(|k| (k * step).min(t) + 1)
+            .collect()
+    }
+
     /// Pads task instances to one width and marks their answer positions.
     pub fn from_examples(examples: &[Example], width: usize, pad: u32) -> Batch {
         let t = width.saturating_sub(1);
