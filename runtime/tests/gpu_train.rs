@@ -116,6 +116,21 @@ fn run(engine: &mut dyn TrainEngine, batches: &[Batch]) -> Vec<StepMetrics> {
         .collect()
 }
 
+/// `run` with each step executed eagerly instead of replayed.
+fn run_eager<P: ModelCompute>(e: &mut GpuEngine<P>, batches: &[Batch]) -> Vec<StepMetrics>
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
+    batches
+        .iter()
+        .map(|b| {
+            e.load_batch(b).expect("load");
+            e.step_eager().expect("eager step");
+            e.metrics().expect("metrics")
+        })
+        .collect()
+}
+
 fn rel(a: f64, b: f64) -> f64 {
     (a - b).abs() / b.abs().max(1e-30)
 }
@@ -378,15 +393,7 @@ where
     let eager = {
         let (gpu, _lock) = context();
         let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
-        let m: Vec<StepMetrics> = batches
-            .iter()
-            .map(|b| {
-                e.load_batch(b).unwrap();
-                e.step_eager().unwrap();
-                e.metrics().unwrap()
-            })
-            .collect();
-        (m, e.export_state().unwrap())
+        (run_eager(&mut e, &batches), e.export_state().unwrap())
     };
     assert_eq!(replayed.0, eager.0);
     assert_eq!(state_bits(&replayed.1), state_bits(&eager.1));
@@ -483,22 +490,8 @@ where
 /// 40 over `2 n` batches (so the first ones are far narrower than the
 /// training width), and that width.
 fn growing(n: usize, rows: usize, seed: u64) -> (Vec<Batch>, usize) {
-    let DataSpec::Task { task, .. } = DataSpec::task(Task::Parity, 40, vec![]) else {
-        unreachable!("a task spec")
-    };
-    let spec = DataSpec::Task {
-        task,
-        train_len: 40,
-        eval_lens: vec![],
-        curriculum: u64::try_from(2 * n).expect("steps"),
-        curriculum_gate: 0.0,
-        curriculum_start: 2,
-        train_min_len: 0,
-        skewed_rows: 0.0,
-        skew_drop: 0.0,
-        eval_mix: None,
-        eval_products: None,
-    };
+    let steps = u64::try_from(2 * n).expect("steps");
+    let spec = DataSpec::task(Task::Parity, 40, vec![]).with_curriculum(steps, 2);
     let mut data = Dataset::new(&spec, seed, rows).expect("dataset");
     let width = data.train_width();
     let batches = (0..n)
@@ -538,15 +531,7 @@ where
         let (gpu, _lock) = context();
         let mut e = engine_of::<P>(gpu, &w, &s, 8, width);
         e.capture_widths(&Batch::trimmed_widths(width, 8)).unwrap();
-        let m: Vec<StepMetrics> = trimmed
-            .iter()
-            .map(|b| {
-                e.load_batch(b).unwrap();
-                e.step_eager().unwrap();
-                e.metrics().unwrap()
-            })
-            .collect();
-        (m, e.export_state().unwrap())
+        (run_eager(&mut e, &trimmed), e.export_state().unwrap())
     };
     assert_eq!(replayed.0, eager.0, "replayed and eager metrics");
     assert_eq!(state_bits(&replayed.1), state_bits(&eager.1));

@@ -15,23 +15,8 @@ use train_common::{options, records, run_config};
 /// Parity of up to 40 bits, the largest size growing from 2 over the run,
 /// so that the first batches' rows are far shorter than the training size.
 fn config(trim: bool) -> RunConfig {
-    let DataSpec::Task { task, .. } = DataSpec::task(Task::Parity, 40, vec![40]) else {
-        unreachable!("a task spec")
-    };
     RunConfig {
-        data: DataSpec::Task {
-            task,
-            train_len: 40,
-            eval_lens: vec![40],
-            curriculum: 16,
-            curriculum_gate: 0.0,
-            curriculum_start: 2,
-            train_min_len: 0,
-            skewed_rows: 0.0,
-            skew_drop: 0.0,
-            eval_mix: None,
-            eval_products: None,
-        },
+        data: DataSpec::task(Task::Parity, 40, vec![40]).with_curriculum(16, 2),
         trim,
         ..run_config(20)
     }

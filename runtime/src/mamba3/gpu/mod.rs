@@ -90,15 +90,7 @@ pub(crate) fn at_least(
     expected: usize,
     found: usize,
 ) -> Result<(), Mamba3GpuError> {
-    if found >= expected {
-        Ok(())
-    } else {
-        Err(Mamba3GpuError::Shape {
-            what,
-            expected,
-            found,
-        })
-    }
+    shape_check(found >= expected, what, expected, found)
 }
 
 /// Fails unless `found == expected`, naming `what`.
@@ -107,7 +99,16 @@ pub(crate) fn same(
     expected: usize,
     found: usize,
 ) -> Result<(), Mamba3GpuError> {
-    if expected == found {
+    shape_check(found == expected, what, expected, found)
+}
+
+fn shape_check(
+    ok: bool,
+    what: &'static str,
+    expected: usize,
+    found: usize,
+) -> Result<(), Mamba3GpuError> {
+    if ok {
         Ok(())
     } else {
         Err(Mamba3GpuError::Shape {

@@ -252,6 +252,23 @@ impl DataSpec {
         }
     }
 
+    /// This task spec with a curriculum over `steps` batches whose largest
+    /// size starts at `start` (`--curriculum`, `--curriculum-start`); a
+    /// file spec is returned as it is.
+    #[must_use]
+    pub fn with_curriculum(mut self, steps: u64, start: usize) -> Self {
+        if let Self::Task {
+            curriculum,
+            curriculum_start,
+            ..
+        } = &mut self
+        {
+            *curriculum = steps;
+            *curriculum_start = start;
+        }
+        self
+    }
+
     /// A short description for messages (`task parity, train_len 16, eval 16,32`).
     pub fn summary(&self) -> String {
         match self {
