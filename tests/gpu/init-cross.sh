@@ -49,6 +49,8 @@
 #     the last layer's (`causal` below). DEVICE=cpu runs any mode's
 #     training on the CPU instead, for a smoke test of the script with a
 #     few steps (EDIT_AT=2 AFTER=1 THRESH=0 and f32 pairs).
+#   bash tests/gpu/init-cross.sh rate 2000
+#     `train --trim`'s rate against the padded step's (`rate` below).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.." && . "$here/common.sh"
@@ -300,9 +302,32 @@ pack_runs() {
   (cd "$root" && tar czf - -T .keep-list) | split -b 15M -d - "$out/runs.tgz.part"
 }
 
+# `--trim`'s rate against the padded step's: the recipe's seed 1 (bf16, or
+# PREC) trained alone from step 0 to step $1 (default 2000), padded and then
+# trimmed, each timed from the process's start to its exit (capture and
+# evaluations included, the same in both), into $OUT/summary-rate.txt.
+rate() {
+  local steps=${1:-2000} prec=${PREC:-bf16} mode dir t0 t1
+  for mode in padded trimmed; do
+    dir=$work/rate-$mode
+    rm -rf "$dir"
+    t0=$(date +%s.%N)
+    "$bin" train "${recipe[@]}" --chunk-size "$(chunk_of "$prec")" --device "${DEVICE:-cuda}" \
+      --precision "$prec" --lr 1e-3 --min-lr 1e-5 --weight-decay 0.1 --seed 1 \
+      --stop-after "$steps" --run-dir "$dir" --progress plain \
+      $([ $mode = trimmed ] && echo --trim) > "$dir.log" 2>&1 || { tail -5 "$dir.log"; continue; }
+    t1=$(date +%s.%N)
+    python3 -c "import sys; s, a, b = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]); \
+print(f'{sys.argv[4]}: {s} steps in {b - a:.1f} s, {s / (b - a):.1f} steps/s')" \
+      "$steps" "$t0" "$t1" "$mode" | tee -a "$out/summary-rate.txt"
+    grep -h "^stopped" "$dir.log" | tee -a "$out/summary-rate.txt"
+  done
+}
+
 case "${1:-}" in
   inits) shift; inits "$@" ;;
   train) shift; train "$@" ;;
   causal) shift; causal "$@" ;;
-  *) echo "usage: init-cross.sh inits DIR SEED... | train|causal INIT:DATA[:LR[:PREC]]..." >&2; exit 2 ;;
+  rate) shift; rate "$@" ;;
+  *) echo "usage: init-cross.sh inits DIR SEED... | train|causal INIT:DATA[:LR[:PREC]]... | rate [STEPS]" >&2; exit 2 ;;
 esac

@@ -863,8 +863,11 @@ fn run_in(
 
     let t0 = Instant::now();
     let mut train_time = Duration::ZERO;
-    let tokens_per_step = (run.batch * (width - 1)) as f64;
     let budget = run.batch * (width - 1);
+    // Positions the steps ran over: a trimmed batch's own, not the
+    // training width's (`--trim`).
+    let tokens_of = |b: &Batch| (b.rows * b.seq_len()) as f64;
+    let (mut staged_tokens, mut trained_tokens) = (0.0, 0.0);
     let (mut first, mut recent) = (Vec::new(), VecDeque::new());
     let mut last_eval = Vec::new();
     let mut last_eval_ema = Vec::new();
@@ -888,6 +891,7 @@ fn run_in(
         let t = Instant::now();
         let first_batch = draw(&mut data, run)?;
         engine.load_batch(&first_batch)?;
+        staged_tokens = tokens_of(&first_batch);
         // The uninterrupted run showed the gate the saved step's loss only
         // after drawing this batch; so does the resumed one.
         if let Some(l) = resumed_loss {
@@ -912,16 +916,19 @@ fn run_in(
         }
         let t = Instant::now();
         engine.step()?;
+        let running = staged_tokens;
         // The next batch is drawn and staged while a GPU step runs; the
         // checkpoint position is the one before drawing it.
         let pos = data.position();
         if step + 1 < run.steps {
             let next = draw(&mut data, run)?;
             engine.load_batch(&next)?;
+            staged_tokens = tokens_of(&next);
         }
         let m = engine.metrics()?;
         data.observe_loss(m.loss);
         train_time += t.elapsed();
+        trained_tokens += running;
         step = m.step;
         skipped = m.skipped_total;
         if m.skipped {
@@ -948,7 +955,7 @@ fn run_in(
             recent.pop_front();
         }
         let done = (step - at) as f64;
-        let rate = tokens_per_step * done / train_time.as_secs_f64().max(1e-9);
+        let rate = trained_tokens / train_time.as_secs_f64().max(1e-9);
         let elapsed = t0.elapsed().as_secs_f64();
         let eta = Duration::from_secs_f64(elapsed / done * (run.steps - step) as f64);
         log.train(&m, rate, elapsed)?;
@@ -1041,7 +1048,7 @@ fn run_in(
         plot,
         elapsed: t0.elapsed(),
         train_time,
-        tokens_per_s: tokens_per_step * (step - at) as f64 / train_time.as_secs_f64().max(1e-9),
+        tokens_per_s: trained_tokens / train_time.as_secs_f64().max(1e-9),
         engine: engine_name,
         dynamics: last_dynamics,
     })
