@@ -9,12 +9,12 @@
 //! is built, and again over narrower windows in the same buffers where the
 //! run trims its batches ([`TrainEngine::capture_widths`]); every
 //! [`TrainEngine::step`] is one guarded replay of the graph of the staged
-//! batch's width and returns without waiting. Batches go through two pinned host buffers used
-//! in turn: [`TrainEngine::load_batch`] fills one on the host (while the
-//! previous step runs on the device) and enqueues its upload into the
-//! step's input buffers behind the running replay, so stream order keeps
-//! the replay's reads before the overwrite and no device copy of the inputs
-//! is needed. The step leaves its scalars in a small device report that is
+//! batch's width and returns without waiting. Batches go through two pinned
+//! host buffers used in turn: [`TrainEngine::load_batch`] fills one on the
+//! host (while the previous step runs on the device) and enqueues its upload
+//! into the step's input buffers behind the running replay, so stream order
+//! keeps the replay's reads before the overwrite and no device copy of the
+//! inputs is needed. The step leaves its scalars in a small device report that is
 //! copied into pinned memory behind the replay; [`TrainEngine::metrics`]
 //! waits for that copy, and is the only call of a training step that waits.
 //!
