@@ -45,7 +45,7 @@ use stepgraph::train::TrainError;
 use stepgraph::train::checkpoint::{
     self as run_ckpt, CHECKPOINTS_DIR, STATE_FILE, config_difference,
 };
-use stepgraph::train::edit::{ParamPart, PartError, Span};
+use stepgraph::train::edit::{ParamPart, PartError, Span, zero_moments};
 
 /// One part taken from the donor, or scaled in place.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,16 +175,7 @@ fn splice_run(args: &Args) -> Result<String, SpliceError> {
     if let Some(avg) = &mut ema {
         take(avg, donor.as_ref(), &specs, &args.parts)?;
     }
-    for Span {
-        tensor: i,
-        start: lo,
-        end: hi,
-    } in changed
-    {
-        let (m, v) = &mut state.moments[i];
-        m[lo..hi].fill(0.0);
-        v[lo..hi].fill(0.0);
-    }
+    zero_moments(&mut state, &changed);
     let dir = run_ckpt::save(
         &args.out.join(CHECKPOINTS_DIR),
         &cfg,

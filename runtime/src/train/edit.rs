@@ -221,16 +221,22 @@ impl WeightEdit {
         if let Some(avg) = avg {
             scale(avg, &spans, self.factor);
         }
-        for s in &spans {
-            if let Some((m, v)) = state.moments.get_mut(s.tensor) {
-                for moment in [m, v] {
-                    if let Some(vals) = moment.get_mut(s.start..s.end) {
-                        vals.fill(0.0);
-                    }
+        zero_moments(state, &spans);
+        Ok(spans)
+    }
+}
+
+/// Zeroes the Adam moments of `spans`: a part changed mid-run has no
+/// history (`--edit`, and `examples/splice_init --run`).
+pub fn zero_moments(state: &mut EngineState, spans: &[Span]) {
+    for s in spans {
+        if let Some((m, v)) = state.moments.get_mut(s.tensor) {
+            for moment in [m, v] {
+                if let Some(vals) = moment.get_mut(s.start..s.end) {
+                    vals.fill(0.0);
                 }
             }
         }
-        Ok(spans)
     }
 }
 
