@@ -65,12 +65,14 @@ recipe=(--task modarith-prec --train-len 80 --eval-lens 80,128 --curriculum 2400
   --eval-every 1000 --log-every 40000 --keep-at 24000 --ema 0.999)
 
 # The run config of a checkpoint's train_state.json, less what may differ
-# between the check's two runs.
+# between the check's two runs (this script's runs pad their batches, as the
+# runs it compares with did; the recipes now trim, the same steps up to
+# rounding).
 config_of() {
   python3 - "$1" <<'PY'
 import json, sys
 run = json.load(open(sys.argv[1]))["run"]
-for k in ("checkpoint_every", "keep", "keep_at", "data_seed", "log_every", "precision", "init_from"):
+for k in ("checkpoint_every", "keep", "keep_at", "data_seed", "log_every", "precision", "init_from", "trim"):
     run.pop(k, None)
 run["model"].pop("chunk_size", None)
 run["lr"] = run["min_lr"] = run["weight_decay"] = None

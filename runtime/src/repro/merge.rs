@@ -121,7 +121,12 @@ pub(super) fn header(dir: &Path) -> Result<Header, ReproError> {
         }
     };
     let overrides = match v.get("overrides") {
-        None | Some(Value::Null) => Overrides::default(),
+        // Written before any override existed, so before the recipes
+        // trimmed.
+        None | Some(Value::Null) => Overrides {
+            pad: true,
+            ..Overrides::default()
+        },
         Some(o) => {
             serde_json::from_value(o.clone()).map_err(|e| bad(&path, format!("overrides: {e}")))?
         }

@@ -145,11 +145,12 @@ struct StArgs {
     /// (`stepgraph train --decay`).
     #[arg(long, value_enum)]
     decay: Option<DecayArg>,
-    /// Trim every run's training batches to their longest row (`stepgraph
-    /// train --trim`): the same runs in fewer tokens while the curriculum's
-    /// rows are short.
+    /// Pad every run's training batches to the training size instead of
+    /// trimming each to its longest row (`stepgraph train --trim`, which
+    /// the recipes use): the same runs up to rounding, slower, as the
+    /// tables before the recipes trimmed ran.
     #[arg(long)]
-    trim: bool,
+    pad: bool,
     /// Stop every run at this step (as a signal would: a checkpoint, and
     /// --resume continues it) and report the runs so far. A screen: which
     /// runs fit their training size while the curriculum grows shows by its
@@ -165,7 +166,7 @@ struct StArgs {
             "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "min_lr", "warmup", "d_model", "headdim",
             "curriculum_gate", "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps",
-            "skewed_rows", "skew_drop", "decay", "trim", "stop_after",
+            "skewed_rows", "skew_drop", "decay", "pad", "stop_after",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -180,7 +181,7 @@ struct StArgs {
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
             "steps", "curriculum", "batch", "lr", "min_lr", "warmup", "d_model", "headdim", "curriculum_gate",
             "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps", "skewed_rows",
-            "skew_drop", "decay", "trim", "merge", "out",
+            "skew_drop", "decay", "pad", "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -246,7 +247,7 @@ fn options(a: &StArgs) -> ReproOptions {
             skewed_rows: a.skewed_rows,
             skew_drop: a.skew_drop,
             decay: a.decay.map(Into::into),
-            trim: a.trim,
+            pad: a.pad,
         },
     }
 }
