@@ -633,7 +633,10 @@ mod tests {
         assert_eq!((base.adam_eps, r.adam_eps), (DEFAULT_ADAM_EPS, 1e-5));
         let run = r.run(Rotation::Data, 1, Precision::Bf16, Device::Cuda, false);
         assert_eq!((run.warmup, run.adam_eps), (40, 1e-5));
-        assert!(base.trim && !run.trim, "--pad turns the recipe's trimming off");
+        assert!(
+            base.trim && !run.trim,
+            "--pad turns the recipe's trimming off"
+        );
         for task in COLUMNS {
             assert!(recipe(task, false).trim, "{task:?} trims by default");
         }
