@@ -22,8 +22,9 @@
 #     `--data-seed DATA`; a third field sets that run's peak learning rate
 #     (else LR, else the recipe's 1e-3), a fourth its precision (bf16, the
 #     default, or f32, each with its recipe chunk); EXTRA adds flags to
-#     every fresh run (e.g. EXTRA="--edit layers.1.mixer.in_proj.weight:
-#     656-672*0@4000", no spaces inside a flag's value). All at once under CUDA MPS, each
+#     every fresh run (e.g. EXTRA="--trim", or EXTRA="--edit layers.1.mixer.in_proj.weight:
+#     656-672*0@4000", no spaces inside a flag's value); STEPS=60000 makes
+#     fresh runs longer, the curriculum keeping its 60%. All at once under CUDA MPS, each
 #     stopped at step STOP or after TOTAL seconds (cleanly: a later call
 #     resumes it; a directory already under ROOT with checkpoints, e.g. one
 #     that `splice_init` made from a training checkpoint, is resumed the same
@@ -57,12 +58,16 @@ cd "$here/../.." && . "$here/common.sh"
 # The arithmetic recipe (runtime/src/repro/recipe.rs) as `train` flags, less
 # the chunk (each precision's own, `chunk_of`); `inits` checks them against
 # `repro`.
-recipe=(--task modarith-prec --train-len 80 --eval-lens 80,128 --curriculum 24000
+# STEPS (default the recipe's 40,000) lengthens every run, the curriculum
+# keeping its 60% share as `repro --steps` keeps it (round 37's screen).
+steps=${STEPS:-40000}
+curriculum=$((steps * 3 / 5))
+recipe=(--task modarith-prec --train-len 80 --eval-lens 80,128 --curriculum "$curriculum"
   --curriculum-start 20 --skewed-rows 0.5 --eval-mix 20-128 --eval-products 8
   --d-model 128 --n-layer 3 --d-state 64 --headdim 16 --expand 2 --rotation data
-  --a-activation softplus --dt-init 0.01,0.1 --batch 256 --steps 40000
+  --a-activation softplus --dt-init 0.01,0.1 --batch 256 --steps "$steps"
   --warmup 1000 --decay outputs --beta2 0.95 --adam-eps 1e-8 --clip 1
-  --eval-every 1000 --log-every 40000 --keep-at 24000 --ema 0.999)
+  --eval-every 1000 --log-every "$steps" --keep-at "$curriculum" --ema 0.999)
 
 # The run config of a checkpoint's train_state.json, less what may differ
 # between the check's two runs (this script's runs pad their batches, as the
