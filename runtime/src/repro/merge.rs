@@ -121,12 +121,7 @@ pub(super) fn header(dir: &Path) -> Result<Header, ReproError> {
         }
     };
     let overrides = match v.get("overrides") {
-        // Written before any override existed, so before the recipes
-        // trimmed.
-        None | Some(Value::Null) => Overrides {
-            pad: true,
-            ..Overrides::default()
-        },
+        None | Some(Value::Null) => Overrides::of_an_early_table(),
         Some(o) => {
             serde_json::from_value(o.clone()).map_err(|e| bad(&path, format!("overrides: {e}")))?
         }

@@ -384,6 +384,15 @@ fn padded_before() -> bool {
 }
 
 impl Overrides {
+    /// What a table written before any override existed ran (its
+    /// `table.json` holds no overrides): the recipes, padded.
+    pub fn of_an_early_table() -> Self {
+        Self {
+            pad: padded_before(),
+            ..Self::default()
+        }
+    }
+
     /// `true` when nothing is changed.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
