@@ -62,7 +62,7 @@ pub fn chunked_forward<T: Float>(
     carry: &HeadCarry<'_, T>,
     chunk: usize,
 ) -> Result<ChunkedHead<T>, ScanShapeError> {
-    x.check(carry)?;
+    x.check_unsegmented(carry)?;
     Ok(chunked_forward_unchecked(x, carry, chunk))
 }
 

@@ -52,7 +52,7 @@ pub fn chunked_backward<T: Float>(
     dy: &[T],
     chunk: usize,
 ) -> Result<ChunkedHeadGrads<T>, ScanShapeError> {
-    x.check(carry)?;
+    x.check_unsegmented(carry)?;
     let (len, p, n) = (x.len(), x.p, x.n);
     let ck = len.div_ceil(chunk.max(1)) * p * n;
     for (field, found, expected) in [

@@ -78,6 +78,9 @@ pub struct MixerTape<T> {
     pub gate_rstd: Vec<T>,
     /// Gated output fed to `out_proj` `[B*T, d_inner]`.
     pub o: Vec<T>,
+    /// Tokens that start a new sequence `[B*T]` (empty: none), see
+    /// [`HeadInputs::resets`].
+    pub resets: Vec<bool>,
     /// The state the window started from.
     pub carry: LayerState<T>,
     /// Batch rows B.
@@ -105,6 +108,7 @@ impl<T: Float> MixerTape<T> {
             dt: &self.dt[bh * t..(bh + 1) * t],
             lam: &self.lam[bh * t..(bh + 1) * t],
             qk_raw: &self.qk_raw[bh * t..(bh + 1) * t],
+            resets: self.resets.get(b * t..(b + 1) * t).unwrap_or(&[]),
             d: d[h],
             p,
             n,
@@ -143,13 +147,15 @@ pub(crate) fn rotate<T: Float>(src: &[T], angles: &[T], dst: &mut [T]) {
 }
 
 /// Runs one mixer over a `[B, T]` window; returns `out` `[B*T, d_model]`, the
-/// tape and the state after the window.
+/// tape and the state after the window. `resets` (`[B*T]` or empty) marks
+/// the tokens that start a new sequence; the caller runs them only in
+/// [`ScanMode::Recurrent`].
 pub(crate) fn mixer_forward<T: Float>(
     cfg: &Mamba3Config,
     w: &LayerWeights<T>,
     u: Vec<T>,
     (batch, len): (usize, usize),
-    carry: &LayerState<T>,
+    (carry, resets): (&LayerState<T>, &[bool]),
     mode: ScanMode,
 ) -> (Vec<T>, MixerTape<T>, LayerState<T>) {
     let l = cfg.in_proj_layout();
@@ -196,6 +202,7 @@ pub(crate) fn mixer_forward<T: Float>(
         y: vec![T::ZERO; rows * di],
         gate_rstd: Vec::new(),
         o: vec![T::ZERO; rows * di],
+        resets: resets.to_vec(),
         carry: carry.clone(),
         batch,
         len,

@@ -52,6 +52,15 @@ pub enum ModelError {
         /// The model's vocabulary size.
         vocab_size: usize,
     },
+    /// A batch that packs several sequences in a row (resets) run with the
+    /// chunked scan, which has no way to cut a row.
+    #[error(
+        "tokens: the batch marks {count} sequence start(s) inside its rows; only the recurrent scan (ScanMode::Recurrent) runs such a batch"
+    )]
+    ResetsNeedRecurrentScan {
+        /// Flags set.
+        count: usize,
+    },
     /// [`backward`] was given a forward pass of a different model or batch.
     #[error(
         "forward output does not match this model: {what} has {found} values, expected {expected}"
@@ -151,7 +160,8 @@ pub fn check_weights<T: Float>(cfg: &Mamba3Config, w: &Weights<T>) -> Result<(),
 }
 
 /// Runs the model over one window. `state` is the state carried in from the
-/// previous window (`None`: a fresh sequence).
+/// previous window (`None`: a fresh sequence). A batch with resets
+/// ([`Tokens::with_resets`]) needs [`ScanMode::Recurrent`].
 pub fn forward<T: Float>(
     cfg: &Mamba3Config,
     w: &Weights<T>,
@@ -160,6 +170,12 @@ pub fn forward<T: Float>(
     mode: ScanMode,
 ) -> Result<ForwardOutput<T>, ModelError> {
     check_weights(cfg, w)?;
+    let count = tokens
+        .resets()
+        .map_or(0, |r| r.iter().filter(|&&b| b).count());
+    if count > 0 && mode != ScanMode::Recurrent {
+        return Err(ModelError::ResetsNeedRecurrentScan { count });
+    }
     let (batch, len) = (tokens.batch(), tokens.len());
     let zero_state;
     let state = match state {
@@ -194,7 +210,8 @@ pub fn forward<T: Float>(
     };
     for (lw, carry) in w.layers.iter().zip(&state.layers) {
         let (u, rstd) = rmsnorm_rows(&h, &lw.norm, dm, eps);
-        let (out, mixer, next) = mixer_forward(cfg, lw, u, (batch, len), carry, mode);
+        let resets = tokens.resets().unwrap_or(&[]);
+        let (out, mixer, next) = mixer_forward(cfg, lw, u, (batch, len), (carry, resets), mode);
         let mut h_next = h.clone();
         for (a, &b) in h_next.iter_mut().zip(&out) {
             *a += b;

@@ -10,7 +10,11 @@
 //! ```
 //!
 //! with `(S_{-1}, k_{-1}, v_{-1})` the carried state (zeros for a fresh
-//! window). The backward pass recomputes states chunk by chunk from the
+//! window). A token flagged in [`HeadInputs::resets`] starts a new sequence
+//! inside the window (several instances packed in one row): there
+//! `alpha_t = beta_t = 0`, so the state and the previous token's term are
+//! dropped as they are for a fresh window, and no gradient flows back
+//! across it. The backward pass recomputes states chunk by chunk from the
 //! checkpoints the forward pass keeps at chunk starts, so memory stays at
 //! `O(T/C * P * N)` per head instead of `O(T * P * N)`.
 
@@ -50,6 +54,11 @@ pub struct HeadInputs<'a, T> {
     /// `q̂_t · k̂_t` before rotation (rotation cancels on the diagonal) `[T]`;
     /// only the chunked form reads it.
     pub qk_raw: &'a [T],
+    /// Tokens that start a new sequence (`[T]`, or empty for none): the
+    /// decay and the trapezoid's previous-token term are zero there. Only
+    /// the recurrent form takes them ([`super::chunked`] refuses a window
+    /// with any).
+    pub resets: &'a [bool],
     /// The head's skip weight `D[h]`.
     pub d: T,
     /// Head dimension P.
@@ -69,6 +78,11 @@ impl<T> HeadInputs<'_, T> {
             ("dt", self.dt.len(), t),
             ("lam", self.lam.len(), t),
             ("qk_raw", self.qk_raw.len(), t),
+            (
+                "resets",
+                self.resets.len(),
+                if self.resets.is_empty() { 0 } else { t },
+            ),
             ("carry.ssm", carry.ssm.len(), p * n),
             ("carry.k", carry.k.len(), n),
             ("carry.v", carry.v.len(), p),
@@ -93,6 +107,44 @@ impl<T> HeadInputs<'_, T> {
     /// Whether the sequence is empty.
     pub fn is_empty(&self) -> bool {
         self.adt.is_empty()
+    }
+
+    /// [`Self::check`] for a form that takes no resets (the chunked one):
+    /// any flag set is refused.
+    pub fn check_unsegmented(&self, carry: &HeadCarry<'_, T>) -> Result<(), ScanShapeError> {
+        self.check(carry)?;
+        let set = self.resets.iter().filter(|&&r| r).count();
+        if set > 0 {
+            return Err(ScanShapeError {
+                field: "resets set (the chunked form takes none)",
+                expected: 0,
+                found: set,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether token `t` starts a new sequence.
+    pub fn resets_at(&self, t: usize) -> bool {
+        self.resets.get(t).copied().unwrap_or(false)
+    }
+
+    /// Whether any token starts a new sequence.
+    pub fn has_resets(&self) -> bool {
+        self.resets.iter().any(|&r| r)
+    }
+
+    /// Step `t`'s `(alpha, beta, gamma)`, zero decay at a reset.
+    fn coefficients_at(&self, t: usize) -> (T, T, T)
+    where
+        T: Float,
+    {
+        let (alpha, beta, gamma) = coefficients(self.adt[t], self.dt[t], self.lam[t]);
+        if self.resets_at(t) {
+            (T::ZERO, T::ZERO, gamma)
+        } else {
+            (alpha, beta, gamma)
+        }
     }
 }
 
@@ -174,7 +226,7 @@ pub(crate) fn recurrent_forward_unchecked<T: Float>(
             (&x.k[(t - 1) * n..t * n], &x.v[(t - 1) * p..t * p])
         };
         let cur = (&x.k[t * n..(t + 1) * n], &x.v[t * p..(t + 1) * p]);
-        step(&mut s, coefficients(x.adt[t], x.dt[t], x.lam[t]), prev, cur);
+        step(&mut s, x.coefficients_at(t), prev, cur);
         let q = &x.q[t * n..(t + 1) * n];
         for ((yv, row), &vv) in y[t * p..(t + 1) * p].iter_mut().zip(s.chunks(n)).zip(cur.1) {
             *yv = dot(row, q) + x.d * vv;
@@ -280,18 +332,15 @@ pub(crate) fn recurrent_backward_unchecked<T: Float>(
             let s = &mut after[..pn];
             s.copy_from_slice(&before[j * pn..]);
             let cur = (&x.k[t * n..(t + 1) * n], &x.v[t * p..(t + 1) * p]);
-            step(
-                s,
-                coefficients(x.adt[t], x.dt[t], x.lam[t]),
-                prev_of(t),
-                cur,
-            );
+            step(s, x.coefficients_at(t), prev_of(t), cur);
         }
         for t in (c0..c1).rev() {
             let j = t - c0;
             let s_prev = &states[j * pn..(j + 1) * pn];
             let s_cur = &states[(j + 1) * pn..(j + 2) * pn];
-            let (alpha, beta, gamma) = coefficients(x.adt[t], x.dt[t], x.lam[t]);
+            // At a reset alpha = beta = 0: dadt, beta's share of ddt and dlam,
+            // and the gradient into S_{t-1} (ds scaled by alpha) all vanish.
+            let (alpha, beta, gamma) = x.coefficients_at(t);
             let q = &x.q[t * n..(t + 1) * n];
             let (kt, vt) = (&x.k[t * n..(t + 1) * n], &x.v[t * p..(t + 1) * p]);
             let dyt = &dy[t * p..(t + 1) * p];

@@ -34,6 +34,14 @@ pub enum TokenError {
         /// Values found.
         found: usize,
     },
+    /// Reset flags that do not cover the batch's inputs one to one.
+    #[error("tokens: {found} reset flags for a batch of {expected} input positions [B, T]")]
+    Resets {
+        /// `B * T`.
+        expected: usize,
+        /// Flags given.
+        found: usize,
+    },
     /// An id outside `[0, vocab_size)`.
     #[error(
         "tokens: id {token} at batch row {row}, position {position} is outside the vocabulary [0, {vocab_size})"
@@ -57,6 +65,7 @@ pub struct Tokens {
     len: usize,
     inputs: Vec<usize>,
     targets: Vec<usize>,
+    resets: Option<Vec<bool>>,
 }
 
 impl Tokens {
@@ -106,7 +115,28 @@ impl Tokens {
             len,
             inputs,
             targets,
+            resets: None,
         })
+    }
+
+    /// Marks the input positions (`[B, T]`, row-major) where a new sequence
+    /// starts inside a row: several instances packed in one row, each seeing
+    /// none of the ones before it (the model's state is dropped there, see
+    /// [`crate::mamba3::cpu::HeadInputs::resets`]).
+    pub fn with_resets(mut self, resets: Vec<bool>) -> Result<Self, TokenError> {
+        if resets.len() != self.inputs.len() {
+            return Err(TokenError::Resets {
+                expected: self.inputs.len(),
+                found: resets.len(),
+            });
+        }
+        self.resets = Some(resets);
+        Ok(self)
+    }
+
+    /// The sequence starts set by [`Self::with_resets`], if any.
+    pub fn resets(&self) -> Option<&[bool]> {
+        self.resets.as_deref()
     }
 
     /// Same as [`Self::from_rows`] with a shape slice, checking it is 2-D.
