@@ -265,6 +265,7 @@ fn hand_batch(poisoned: bool) -> Batch {
         width: 9,
         tokens,
         mask: None,
+        resets: None,
     }
 }
 

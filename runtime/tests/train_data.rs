@@ -464,3 +464,109 @@ fn the_mixed_eval_set_spans_its_sizes_and_leaves_the_others_alone() {
         assert!(lens.len() > 40, "{task:?}: {} lengths", lens.len());
     }
 }
+
+/// A packed batch's rows cut at their resets: each instance's tokens up to
+/// its last scored target, with the scored prediction offsets inside it.
+fn instances_of(b: &Batch) -> Vec<(Vec<u32>, Vec<usize>)> {
+    let (t, resets) = (b.seq_len(), b.resets.as_ref().expect("packed"));
+    let mut out = Vec::new();
+    for r in 0..b.rows {
+        let starts: Vec<usize> = (0..t).filter(|&p| resets[r * t + p]).collect();
+        for (i, &s) in starts.iter().enumerate() {
+            let end = starts.get(i + 1).copied().unwrap_or(t);
+            let scored: Vec<usize> = (s..end)
+                .filter(|&p| b.scored(r * t + p))
+                .map(|p| p - s)
+                .collect();
+            let last = scored
+                .last()
+                .copied()
+                .expect("an instance scores something");
+            let toks = b.tokens[r * b.width + s..r * b.width + s + last + 2].to_vec();
+            out.push((toks, scored));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_packed_batch_holds_every_instance_once_behind_a_reset() {
+    let mut r = rng(8);
+    let task = Task::ModarithPrec;
+    // Sizes as a curriculum draws them: many short, a few at the width.
+    let sizes = [1, 80, 3, 44, 17, 80, 2, 60, 9, 33, 71, 5, 12];
+    let exs: Vec<_> = sizes.iter().map(|&n| task.generate(n, &mut r)).collect();
+    let full = Batch::from_examples(&exs, task.width(80), task.pad());
+    let want: Vec<(Vec<u32>, Vec<usize>)> = {
+        let t = full.seq_len();
+        let mut v: Vec<_> = (0..full.rows)
+            .map(|row| {
+                let scored: Vec<usize> = (0..t).filter(|&p| full.scored(row * t + p)).collect();
+                let last = *scored.last().expect("scored");
+                (
+                    full.tokens[row * full.width..row * full.width + last + 2].to_vec(),
+                    scored,
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    for per_row in [1, 2, 3, 4, 13, 20] {
+        let p = full.packed(per_row, 16, task.pad());
+        let (rows, cap) = Batch::packed_shape(full.rows, full.width, per_row);
+        assert_eq!(p.rows, rows, "{per_row} a row");
+        assert!(
+            p.width <= cap,
+            "{per_row} a row: width {} over {cap}",
+            p.width
+        );
+        assert!(
+            (p.width - 1).is_multiple_of(16) || p.width == cap,
+            "{per_row}: width {}",
+            p.width
+        );
+        assert_eq!(p.scored_count(), full.scored_count(), "{per_row} a row");
+        assert_eq!(
+            instances_of(&p),
+            want,
+            "{per_row} a row: the same instances"
+        );
+        let resets = p.resets.as_ref().expect("resets");
+        assert_eq!(resets.iter().filter(|&&b| b).count(), full.rows);
+        assert!(
+            p.tokens[..]
+                .iter()
+                .all(|&x| u32::try_from(task.vocab_size()).is_ok_and(|v| x < v)),
+            "ids stay in the vocabulary"
+        );
+    }
+    // Two a row: the longest instances take the emptiest rows, so no row
+    // ends more than one instance's length after another.
+    let p = full.packed(2, 1, task.pad());
+    let fills: Vec<usize> = (0..p.rows)
+        .map(|r| {
+            let t = p.seq_len();
+            (0..t)
+                .rev()
+                .find(|&q| p.scored(r * t + q))
+                .map_or(0, |q| q + 2)
+        })
+        .collect();
+    let spread = fills.iter().max().unwrap() - fills.iter().min().unwrap();
+    assert!(spread <= task.width(80), "fills {fills:?}");
+    assert_eq!(
+        p.width,
+        *fills.iter().max().unwrap(),
+        "cut at the fullest row"
+    );
+    // A batch that scores every prediction packs whole rows.
+    let file = Batch {
+        mask: None,
+        ..full.clone()
+    };
+    let p = file.packed(4, 16, 0);
+    assert_eq!(p.rows, 4);
+    assert_eq!(p.scored_count(), full.rows * full.seq_len());
+}

@@ -238,6 +238,7 @@ impl FileData {
             width: window,
             tokens,
             mask: None,
+            resets: None,
         })
     }
 
@@ -262,6 +263,7 @@ impl FileData {
                     width: window,
                     tokens,
                     mask: None,
+                    resets: None,
                 })
             })
             .collect()

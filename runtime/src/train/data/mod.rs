@@ -14,6 +14,7 @@
 pub mod arith;
 mod curriculum;
 pub mod file;
+mod pack;
 pub mod skew;
 pub mod tasks;
 
@@ -43,6 +44,9 @@ pub struct Batch {
     /// Which of the `rows * (width - 1)` predictions are scored (loss and
     /// accuracy); `None`: all of them (language modelling).
     pub mask: Option<Vec<bool>>,
+    /// Which of the `rows * (width - 1)` input positions start an instance
+    /// inside a row ([`Batch::packed`]); `None`: one instance a row.
+    pub resets: Option<Vec<bool>>,
 }
 
 impl Batch {
@@ -74,6 +78,7 @@ impl Batch {
             width: self.width,
             tokens: self.tokens[start * self.width..end * self.width].to_vec(),
             mask: self.mask.as_ref().map(|m| m[start * t..end * t].to_vec()),
+            resets: self.resets.as_ref().map(|m| m[start * t..end * t].to_vec()),
         }
     }
 
@@ -108,11 +113,17 @@ impl Batch {
             tokens.extend_from_slice(&row[..width]);
             kept.extend_from_slice(&m[..len]);
         }
+        let resets = self.resets.as_ref().map(|r| {
+            r.chunks(t.max(1))
+                .flat_map(|row| row[..len].iter().copied())
+                .collect()
+        });
         Batch {
             rows: self.rows,
             width,
             tokens,
             mask: Some(kept),
+            resets,
         }
     }
 
@@ -144,6 +155,7 @@ impl Batch {
             width,
             tokens,
             mask: Some(mask),
+            resets: None,
         }
     }
 }
