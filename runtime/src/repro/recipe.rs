@@ -546,6 +546,8 @@ impl Recipe {
             ema: self.ema,
             edits: Vec::new(),
             trim: self.trim,
+            // Not yet measured on the GPU (the warp scan's resets).
+            pack: 1,
         }
     }
 }

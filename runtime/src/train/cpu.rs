@@ -136,12 +136,21 @@ fn chunk_bounds(rows: usize) -> Vec<(usize, usize)> {
 
 fn to_tokens(cfg: &Mamba3Config, batch: &Batch) -> Result<Tokens, ModelError> {
     let ids: Vec<i64> = batch.tokens.iter().map(|&t| i64::from(t)).collect();
-    Ok(Tokens::from_rows(
-        &ids,
-        batch.rows,
-        batch.width,
-        cfg.vocab_size,
-    )?)
+    let tokens = Tokens::from_rows(&ids, batch.rows, batch.width, cfg.vocab_size)?;
+    Ok(match &batch.resets {
+        Some(r) => tokens.with_resets(r.clone())?,
+        None => tokens,
+    })
+}
+
+/// The scan a batch runs with: a packed batch's resets need the recurrent
+/// form; otherwise the chunked one, as before packing existed.
+fn scan_mode(tokens: &Tokens) -> ScanMode {
+    if tokens.resets().is_some() {
+        ScanMode::Recurrent
+    } else {
+        ScanMode::default()
+    }
 }
 
 /// `-log softmax(row)[target]`, in f64.
@@ -173,7 +182,7 @@ fn chunk_grad(
     batch: &Batch,
 ) -> Result<ChunkGrad, ModelError> {
     let tokens = to_tokens(cfg, batch)?;
-    let mut fwd: ForwardOutput<f32> = forward(cfg, w, &tokens, None, ScanMode::default())?;
+    let mut fwd: ForwardOutput<f32> = forward(cfg, w, &tokens, None, scan_mode(&tokens))?;
     let vocab = cfg.padded_vocab_size();
     let (mut loss_sum, mut scored) = (0.0, 0);
     for (i, (row, &tgt)) in fwd
@@ -305,7 +314,7 @@ impl TrainEngine for CpuEngine {
             .par_iter()
             .map(|&(s, e)| -> Result<EvalOutput, ModelError> {
                 let tokens = to_tokens(cfg, &batch.slice_rows(s, e))?;
-                let fwd = forward(cfg, w, &tokens, None, ScanMode::default())?;
+                let fwd = forward(cfg, w, &tokens, None, scan_mode(&tokens))?;
                 let mut out = EvalOutput {
                     token_loss: Vec::with_capacity(tokens.count()),
                     argmax: Vec::with_capacity(tokens.count()),

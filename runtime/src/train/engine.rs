@@ -101,6 +101,11 @@ pub enum EngineError {
         /// Vocabulary size.
         vocab: usize,
     },
+    /// A batch of several instances a row, which this engine cannot run.
+    #[error(
+        "batch rejected: {0} does not run packed batches (--pack); it would mix their instances"
+    )]
+    Packed(&'static str),
     /// A batch in which no prediction is scored (the loss would be 0/0).
     #[error("batch rejected: no scored prediction in the batch")]
     NothingScored,

@@ -401,6 +401,9 @@ where
                 want_width: self.width,
             });
         }
+        if batch.resets.is_some() {
+            return Err(EngineError::Packed("the GPU engine"));
+        }
         let preds = self.rows * batch.seq_len();
         let weights =
             loss_weights_for(preds, |i| batch.scored(i)).ok_or(EngineError::NothingScored)?;

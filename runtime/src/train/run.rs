@@ -30,7 +30,7 @@ use super::TrainError;
 use super::checkpoint::{self, CHECKPOINTS_DIR, Found, TrainState};
 use super::config::{self, Change, Device, Rotation, RunConfig, Setting};
 use super::cpu::CpuEngine;
-use super::data::{Batch, DataSpec, Dataset, EvalSet};
+use super::data::{Batch, DataSpec, Dataset, EvalSet, Task};
 use super::dynamics::{self, Dynamics};
 use super::edit::WeightEdit;
 use super::ema::Ema;
@@ -311,7 +311,15 @@ pub fn train(opts: &TrainOptions, stop: &Stop) -> Result<RunSummary, TrainError>
             operand_bytes: p.operand_bytes(),
         },
     };
-    let est = memory::estimate(&cfg, holder, run.batch, train_width, &eval_widths);
+    if run.pack > 1 && matches!(resolved, Resolved::Cuda(_)) {
+        return Err(config::invalid(
+            "--pack",
+            "the GPU engines do not run packed batches yet (the warp scan takes no resets); \
+             train with --device cpu, or --trim on the GPU",
+        ));
+    }
+    let (rows, width) = Batch::packed_shape(run.batch, train_width, run.pack);
+    let est = memory::estimate(&cfg, holder, rows, width, &eval_widths);
     let (available, place) = match &resolved {
         Resolved::Cpu(_) => (memory::host_available(), "the host".to_owned()),
         Resolved::Cuda(gpu) => (
@@ -373,10 +381,14 @@ fn already_finished(found: &Found, run: &RunConfig, dir: Option<&RunDir>) -> Run
     }
 }
 
-/// The next training batch, trimmed to its longest row with `--trim`.
+/// The next training batch: packed `--pack` instances to a row, else
+/// trimmed to its longest row with `--trim`.
 fn draw(data: &mut Dataset, run: &RunConfig) -> Result<Batch, TrainError> {
     let batch = data.next_batch(run.batch)?;
-    Ok(if run.trim {
+    Ok(if run.pack > 1 {
+        let pad = data.task().map_or(0, Task::pad);
+        batch.packed(run.pack, config::TRIM_STEP, pad)
+    } else if run.trim {
         batch.trimmed(config::TRIM_STEP)
     } else {
         batch
@@ -508,10 +520,16 @@ fn start_lines(
         "batch {} x {} tokens{}, {} steps{}, lr {:.1e} (warmup {}, cosine to {:.1e}); run dir {}",
         run.batch,
         data.train_width() - 1,
-        if run.trim {
-            " (each trimmed to its longest row)"
+        if run.pack > 1 {
+            Cow::Owned(format!(
+                " ({} a row in {} rows, each cut to the fullest)",
+                run.pack,
+                run.batch.div_ceil(run.pack)
+            ))
+        } else if run.trim {
+            Cow::Borrowed(" (each trimmed to its longest row)")
         } else {
-            ""
+            Cow::Borrowed("")
         },
         run.steps,
         if at > 0 {
@@ -737,10 +755,10 @@ fn run_in(
             Vec::new()
         },
     };
-    let (rows, width) = (start.run.batch, data.train_width());
+    let (rows, width) = Batch::packed_shape(start.run.batch, data.train_width(), start.run.pack);
     let mut start = start;
     let (mut engine, notice) = build_engine(&mut start, settings, rows, width)?;
-    if start.run.trim {
+    if start.run.trim || start.run.pack > 1 {
         engine.capture_widths(&Batch::trimmed_widths(width, config::TRIM_STEP))?;
     }
     let info = engine.info();
@@ -863,7 +881,8 @@ fn run_in(
 
     let t0 = Instant::now();
     let mut train_time = Duration::ZERO;
-    let budget = run.batch * (width - 1);
+    // The engine's training positions (packed rows are wider and fewer).
+    let budget = rows * (width - 1);
     // Positions the steps ran over: a trimmed batch's own, not the
     // training width's (`--trim`).
     let tokens_of = |b: &Batch| (b.rows * b.seq_len()) as f64;

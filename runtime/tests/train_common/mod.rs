@@ -56,6 +56,7 @@ pub fn run_config(steps: u64) -> RunConfig {
         ema: None,
         edits: Vec::new(),
         trim: false,
+        pack: 1,
     }
 }
 

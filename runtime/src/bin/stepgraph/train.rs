@@ -242,6 +242,14 @@ pub struct Args {
     /// per width.
     #[arg(long)]
     trim: bool,
+    /// Lay K instances of a task to a training row (1: one a row): the
+    /// batch's instances in batch / K rows, the model's state reset at
+    /// each one's first token, each row cut to the fullest (in steps of 16
+    /// tokens). The same instances and loss in far fewer positions; needs
+    /// the recurrent scan on the CPU and the warp scan on the GPU
+    /// (headdim 8-32, d_state 32-64).
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pack: usize,
     /// Run directory, created for this run (default: runs/<UTC timestamp>);
     /// an existing one must be empty.
     #[arg(long)]
@@ -466,6 +474,7 @@ fn run_config(a: &Args) -> RunConfig {
         ema: (a.ema > 0.0).then_some(a.ema),
         edits: a.edit.clone(),
         trim: a.trim,
+        pack: a.pack,
     }
 }
 

@@ -368,6 +368,26 @@ pub struct RunConfig {
     /// once per width. Runs saved before it was a setting did not trim.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub trim: bool,
+    /// Instances laid to a training row (`--pack K`, 1: one a row): the
+    /// batch's `batch` instances in `batch / K` rows ([`Batch::packed`]),
+    /// each behind a reset of the model's state, cut to the fullest row.
+    /// The same instances and loss in fewer positions; on the GPU, one
+    /// captured graph per width. Runs saved before it was a setting
+    /// packed none.
+    #[serde(default = "one_a_row", skip_serializing_if = "is_one_a_row")]
+    pub pack: usize,
+}
+
+fn one_a_row() -> usize {
+    1
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_one_a_row(k: &usize) -> bool {
+    *k == 1
 }
 
 /// The granularity of `--trim`, in predictions: coarse enough that a run
@@ -396,7 +416,7 @@ fn default_adam_eps() -> f64 {
     DEFAULT_ADAM_EPS
 }
 
-fn invalid(flag: &'static str, reason: impl Into<String>) -> TrainError {
+pub(crate) fn invalid(flag: &'static str, reason: impl Into<String>) -> TrainError {
     TrainError::InvalidOption {
         flag,
         reason: reason.into(),
@@ -407,6 +427,7 @@ fn invalid(flag: &'static str, reason: impl Into<String>) -> TrainError {
 pub fn validate(o: &RunConfig) -> Result<(), TrainError> {
     let at_least_one = [
         ("--batch", u64::try_from(o.batch).unwrap_or(u64::MAX)),
+        ("--pack", u64::try_from(o.pack).unwrap_or(u64::MAX)),
         ("--steps", o.steps),
         ("--keep", u64::try_from(o.keep).unwrap_or(u64::MAX)),
         ("--log-every", o.log_every),
@@ -844,6 +865,7 @@ mod tests {
             ema: None,
             edits: Vec::new(),
             trim: false,
+            pack: 1,
         }
     }
 

@@ -62,6 +62,7 @@ pub enum Setting {
     Ema,
     Edit,
     Trim,
+    Pack,
 }
 
 /// A setting a resume changed (only [`Setting::may_change`] ones).
@@ -83,7 +84,7 @@ impl fmt::Display for Change {
 
 impl Setting {
     /// Every setting, in `--help` order.
-    pub const ALL: [Setting; 50] = [
+    pub const ALL: [Setting; 51] = [
         Self::Task,
         Self::TrainLen,
         Self::EvalLens,
@@ -134,6 +135,7 @@ impl Setting {
         Self::Ema,
         Self::Edit,
         Self::Trim,
+        Self::Pack,
     ];
 
     /// The flag, e.g. `--min-lr`.
@@ -189,6 +191,7 @@ impl Setting {
             Self::Ema => "--ema",
             Self::Edit => "--edit",
             Self::Trim => "--trim",
+            Self::Pack => "--pack",
         }
     }
 
@@ -328,6 +331,7 @@ impl Setting {
             }),
             (Self::Ema, _) => with(cfg.ema.map_or_else(|| "0".into(), |d| d.to_string())),
             (Self::Trim, _) => switch(cfg.trim),
+            (Self::Pack, _) => with(cfg.pack.to_string()),
             (Self::Edit, _) => (!cfg.edits.is_empty()).then(|| {
                 let edits: Vec<String> = cfg.edits.iter().map(ToString::to_string).collect();
                 format!("{flag} {}", edits.join(","))
