@@ -19,6 +19,14 @@
 // cumsum, hence the suffix sum). The forward sweep parks q_t · dq_t in dadt,
 // which the reverse sweep (the same lane) reads back and overwrites.
 //
+// A row may pack several sequences: resets[b * len + t] != 0 marks the first
+// token of one, where a_t = 0 (the state and the trapezoid's previous-token
+// term, folded into the previous token's key scale, are dropped), and the
+// reverse sweep's suffix sum restarts with dadt_t = 0 (adt_t does not reach
+// the loss there). The angles need nothing: only their differences within
+// a sequence reach the scan. The kernels read resets only with has_resets
+// set (else it may be any buffer: no sequence starts).
+//
 // Lane l holds rows p in [pg PP, pg PP + PP) and columns n in
 // [ng NN, ng NN + NN) of the state, pg = l / 8, ng = l % 8, so P = 4 PP and
 // N = 8 NN: sums over n are butterflies over lanes xor 1, 2, 4, sums over p
@@ -97,8 +105,14 @@ __device__ __forceinline__ void m3w_store_p(float* __restrict__ p, const float (
 // token's decay, skip weight and key scale reach the warp as three
 // shuffles instead of six loads and an expf on every lane.
 struct M3wRaw {
-    float adt, lam, dt, qkr, dtn, lamn;
+    float adt, lam, dt, qkr, dtn, lamn, rst;
 };
+
+// Whether token t of row b starts a sequence (resets may be null).
+__device__ __forceinline__ bool m3w_starts(const float* __restrict__ resets, unsigned b, unsigned t,
+                                           const M3Dims& d) {
+    return resets != nullptr && resets[(unsigned long long)b * d.len + t] != 0.0f;
+}
 
 struct M3wScal {
     float a, dg, sc;
@@ -106,11 +120,12 @@ struct M3wScal {
 
 __device__ __forceinline__ void m3w_raw_load(M3wRaw& r, const float* __restrict__ dt,
                                              const float* __restrict__ adt, const float* __restrict__ lam,
-                                             const float* __restrict__ qk_raw, unsigned base, unsigned lane,
-                                             unsigned b, unsigned h, const M3Dims& d) {
+                                             const float* __restrict__ qk_raw, const float* __restrict__ resets,
+                                             unsigned base, unsigned lane, unsigned b, unsigned h, const M3Dims& d) {
     const unsigned t = base + lane;
-    r = M3wRaw{0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 1.0f};
+    r = M3wRaw{0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0.0f};
     if (t < d.len) {
+        r.rst = m3w_starts(resets, b, t, d) ? 1.0f : 0.0f;
         const unsigned long long rh = ((unsigned long long)b * d.len + t) * d.nheads + h;
         r.adt = adt[rh];
         r.lam = lam[rh];
@@ -123,11 +138,12 @@ __device__ __forceinline__ void m3w_raw_load(M3wRaw& r, const float* __restrict_
     }
 }
 
-// a = e^{adt}, dg = D + lam dt qk_raw, scale = lam dt + dt' (1 - lam') with
-// the next token's dt' and lam' (none after the last: 0 x (1 - 1) adds 0).
+// a = e^{adt} (0 where a sequence starts), dg = D + lam dt qk_raw, scale =
+// lam dt + dt' (1 - lam') with the next token's dt' and lam' (none after the
+// last: 0 x (1 - 1) adds 0; before a sequence start the next a = 0 drops it).
 __device__ __forceinline__ M3wScal m3w_scal(const M3wRaw& r, float dskip_h) {
     const float s = r.lam * r.dt;
-    return M3wScal{expf(r.adt), fmaf(s, r.qkr, dskip_h), s + r.dtn * (1.0f - r.lamn)};
+    return M3wScal{r.rst != 0.0f ? 0.0f : expf(r.adt), fmaf(s, r.qkr, dskip_h), s + r.dtn * (1.0f - r.lamn)};
 }
 
 __device__ __forceinline__ M3wScal m3w_bcast(const M3wScal& g, unsigned t) {
@@ -245,8 +261,9 @@ __device__ __forceinline__ void m3w_fwd_token(float (&s)[PP][NN], const M3wTok<P
 template <typename TQK, int PP, int NN>
 __device__ void m3w_fwd(const TQK* __restrict__ q, const TQK* __restrict__ k, const float* __restrict__ proj,
                         const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
-                        const float* __restrict__ qk_raw, const float* __restrict__ dskip, float* __restrict__ y,
-                        float* __restrict__ states, const M3Dims& d) {
+                        const float* __restrict__ qk_raw, const float* __restrict__ resets,
+                        const float* __restrict__ dskip, float* __restrict__ y, float* __restrict__ states,
+                        const M3Dims& d) {
     const M3wLane w = m3w_lane(d);
     if (w.bh >= d.batch * d.nheads || d.len == 0) {
         return;
@@ -263,10 +280,10 @@ __device__ void m3w_fwd(const TQK* __restrict__ q, const TQK* __restrict__ k, co
     M3wPtrs<TQK> at{q + qk0, k + qk0, proj + r0 * d.width + d.off_x + col, y + r0 * d.d_inner + col};
     M3wPtrs<TQK> ahead = at;
     M3wRaw raw;
-    m3w_raw_load(raw, dt, adt, lam, qk_raw, 0, w.lane, w.b, w.h, d);
+    m3w_raw_load(raw, dt, adt, lam, qk_raw, resets, 0, w.lane, w.b, w.h, d);
     M3wScal group = m3w_scal(raw, dskip_h);
     if (32 < n) {
-        m3w_raw_load(raw, dt, adt, lam, qk_raw, 32, w.lane, w.b, w.h, d);
+        m3w_raw_load(raw, dt, adt, lam, qk_raw, resets, 32, w.lane, w.b, w.h, d);
     }
     M3wTok<PP, NN> x0, x1;
     m3w_fetch<TQK, PP, NN>(x0, ahead);
@@ -279,7 +296,7 @@ __device__ void m3w_fwd(const TQK* __restrict__ q, const TQK* __restrict__ k, co
         if (t % 32 == 0 && t > 0) {
             group = m3w_scal(raw, dskip_h);
             if (t + 32 < n) {
-                m3w_raw_load(raw, dt, adt, lam, qk_raw, t + 32, w.lane, w.b, w.h, d);
+                m3w_raw_load(raw, dt, adt, lam, qk_raw, resets, t + 32, w.lane, w.b, w.h, d);
             }
         }
         m3w_fwd_token(s, x0, m3w_bcast(group, t), at.y, st, into_chunk, w, d);
@@ -307,14 +324,16 @@ struct M3wTokS {
     float q[NN], k[NN];   // k unscaled: k~ = sc k
     float v[PP], dy[PP];
     float a, dg, sc;
+    bool starts;   // the token starts a sequence (a = 0)
 };
 
 template <typename TQK, int PP, int NN>
 __device__ __forceinline__ void m3w_fetch_s(M3wTokS<PP, NN>& o, const TQK* __restrict__ q, const TQK* __restrict__ k,
                                           const float* __restrict__ proj, const float* __restrict__ dt,
                                           const float* __restrict__ adt, const float* __restrict__ lam,
-                                          const float* __restrict__ qk_raw, const float* __restrict__ dy,
-                                          float dskip_h, const M3wLane& w, unsigned t, const M3Dims& d) {
+                                          const float* __restrict__ qk_raw, const float* __restrict__ resets,
+                                          const float* __restrict__ dy, float dskip_h, const M3wLane& w, unsigned t,
+                                          const M3Dims& d) {
     const unsigned long long r = (unsigned long long)w.b * d.len + t;
     const unsigned long long rh = r * d.nheads + w.h;
     const unsigned long long qk = rh * d.d_state + w.ng * NN;
@@ -327,7 +346,8 @@ __device__ __forceinline__ void m3w_fetch_s(M3wTokS<PP, NN>& o, const TQK* __res
         s += dt[nx] * (1.0f - lam[nx]);
     }
     o.sc = s;
-    o.a = expf(adt[rh]);
+    o.starts = m3w_starts(resets, w.b, t, d);
+    o.a = o.starts ? 0.0f : expf(adt[rh]);
     const float* vp = proj + r * d.width + d.off_x + w.h * d.headdim + w.pg * PP;
 #pragma unroll
     for (int i = 0; i < PP; ++i) {
@@ -345,10 +365,11 @@ __device__ __forceinline__ void m3w_fetch_s(M3wTokS<PP, NN>& o, const TQK* __res
 template <typename TQK, int PP, int NN>
 __device__ void m3w_bwd(const TQK* __restrict__ q, const TQK* __restrict__ k, const float* __restrict__ proj,
                         const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
-                        const float* __restrict__ qk_raw, const float* __restrict__ dskip,
-                        const float* __restrict__ dy, float* __restrict__ dq, float* __restrict__ dk,
-                        float* __restrict__ dproj, float* __restrict__ dadt, float* __restrict__ dscale,
-                        float* __restrict__ dqkdot, float* __restrict__ dskip_part, const M3Dims& d) {
+                        const float* __restrict__ qk_raw, const float* __restrict__ resets,
+                        const float* __restrict__ dskip, const float* __restrict__ dy, float* __restrict__ dq,
+                        float* __restrict__ dk, float* __restrict__ dproj, float* __restrict__ dadt,
+                        float* __restrict__ dscale, float* __restrict__ dqkdot, float* __restrict__ dskip_part,
+                        const M3Dims& d) {
     const M3wLane w = m3w_lane(d);
     if (w.bh >= d.batch * d.nheads || d.len == 0) {
         return;
@@ -364,10 +385,10 @@ __device__ void m3w_bwd(const TQK* __restrict__ q, const TQK* __restrict__ k, co
     }
     M3wTokS<PP, NN> cur, nxt;
     // Forward sweep: dq_t = a_t S_{t-1}^T dy_t, and q_t . dq_t parked in dadt.
-    m3w_fetch_s<TQK, PP, NN>(cur, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, 0, d);
+    m3w_fetch_s<TQK, PP, NN>(cur, q, k, proj, dt, adt, lam, qk_raw, resets, dy, dskip_h, w, 0, d);
     for (unsigned t = 0; t < d.len; ++t) {
         if (t + 1 < d.len) {
-            m3w_fetch_s<TQK, PP, NN>(nxt, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, t + 1, d);
+            m3w_fetch_s<TQK, PP, NN>(nxt, q, k, proj, dt, adt, lam, qk_raw, resets, dy, dskip_h, w, t + 1, d);
         }
         const unsigned long long rh = ((unsigned long long)w.b * d.len + t) * d.nheads + w.h;
         float g[NN];
@@ -410,10 +431,10 @@ __device__ void m3w_bwd(const TQK* __restrict__ q, const TQK* __restrict__ k, co
     }
     float dcs_acc = 0.0f, dd_acc = 0.0f;
     const unsigned last = d.len - 1;
-    m3w_fetch_s<TQK, PP, NN>(cur, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, last, d);
+    m3w_fetch_s<TQK, PP, NN>(cur, q, k, proj, dt, adt, lam, qk_raw, resets, dy, dskip_h, w, last, d);
     for (unsigned t = last + 1; t-- > 0;) {
         if (t > 0) {
-            m3w_fetch_s<TQK, PP, NN>(nxt, q, k, proj, dt, adt, lam, qk_raw, dy, dskip_h, w, t - 1, d);
+            m3w_fetch_s<TQK, PP, NN>(nxt, q, k, proj, dt, adt, lam, qk_raw, resets, dy, dskip_h, w, t - 1, d);
         }
         const unsigned long long r = (unsigned long long)w.b * d.len + t;
         const unsigned long long rh = r * d.nheads + w.h;
@@ -459,7 +480,8 @@ __device__ void m3w_bwd(const TQK* __restrict__ q, const TQK* __restrict__ k, co
             m3w_store<NN>(dk + rh * d.d_state + w.ng * NN, dkt);
         }
         if (w.lane == 0) {
-            dcs_acc += dadt[rh] - vgk;
+            // A sequence's start ends the suffix of the one before it.
+            dcs_acc = cur.starts ? 0.0f : dcs_acc + (dadt[rh] - vgk);
             dadt[rh] = dcs_acc;
             dscale[rh] = ds;
             dqkdot[rh] = yv;
@@ -504,42 +526,48 @@ __device__ void m3w_bwd(const TQK* __restrict__ q, const TQK* __restrict__ k, co
 extern "C" __global__ void __launch_bounds__(M3W_WARPS * 32)
     m3_wscan_fwd_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ proj,
                      const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
-                     const float* __restrict__ qk_raw, const float* __restrict__ dskip, float* __restrict__ y,
-                     float* __restrict__ states, M3Dims d) {
-    M3W_DISPATCH(m3w_fwd, float, q, k, proj, dt, adt, lam, qk_raw, dskip, y, states, d);
+                     const float* __restrict__ qk_raw, const float* __restrict__ resets, unsigned has_resets,
+                     const float* __restrict__ dskip, float* __restrict__ y, float* __restrict__ states, M3Dims d) {
+    const float* starts = has_resets != 0 ? resets : nullptr;
+    M3W_DISPATCH(m3w_fwd, float, q, k, proj, dt, adt, lam, qk_raw, starts, dskip, y, states, d);
 }
 
 extern "C" __global__ void __launch_bounds__(M3W_WARPS * 32)
     m3_wscan_fwd_bf16qk(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                         const float* __restrict__ proj, const float* __restrict__ dt, const float* __restrict__ adt,
                         const float* __restrict__ lam, const float* __restrict__ qk_raw,
-                        const float* __restrict__ dskip, float* __restrict__ y, float* __restrict__ states,
-                        M3Dims d) {
-    M3W_DISPATCH(m3w_fwd, __nv_bfloat16, q, k, proj, dt, adt, lam, qk_raw, dskip, y, states, d);
+                        const float* __restrict__ resets, unsigned has_resets, const float* __restrict__ dskip,
+                        float* __restrict__ y, float* __restrict__ states, M3Dims d) {
+    const float* starts = has_resets != 0 ? resets : nullptr;
+    M3W_DISPATCH(m3w_fwd, __nv_bfloat16, q, k, proj, dt, adt, lam, qk_raw, starts, dskip, y, states, d);
 }
 
-// Same parameters as m3_scan_bwd_*; `states` is not read (the forward sweep
-// rebuilds every state from the start of the window).
+// The parameters of m3_scan_bwd_* with `resets` and `has_resets` after
+// qk_raw (without has_resets the flags are not read); `states` is not
+// read (the forward sweep rebuilds every state from the start of the window).
 extern "C" __global__ void __launch_bounds__(M3W_WARPS * 32)
     m3_wscan_bwd_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ proj,
                      const float* __restrict__ dt, const float* __restrict__ adt, const float* __restrict__ lam,
-                     const float* __restrict__ qk_raw, const float* __restrict__ dskip,
-                     const float* __restrict__ states, const float* __restrict__ dy, float* __restrict__ dq,
-                     float* __restrict__ dk, float* __restrict__ dproj, float* __restrict__ dadt,
-                     float* __restrict__ dscale, float* __restrict__ dqkdot, float* __restrict__ dskip_part,
-                     M3Dims d) {
-    M3W_DISPATCH(m3w_bwd, float, q, k, proj, dt, adt, lam, qk_raw, dskip, dy, dq, dk, dproj, dadt, dscale, dqkdot,
-                 dskip_part, d);
+                     const float* __restrict__ qk_raw, const float* __restrict__ resets, unsigned has_resets,
+                     const float* __restrict__ dskip, const float* __restrict__ states, const float* __restrict__ dy,
+                     float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dproj,
+                     float* __restrict__ dadt, float* __restrict__ dscale, float* __restrict__ dqkdot,
+                     float* __restrict__ dskip_part, M3Dims d) {
+    const float* starts = has_resets != 0 ? resets : nullptr;
+    M3W_DISPATCH(m3w_bwd, float, q, k, proj, dt, adt, lam, qk_raw, starts, dskip, dy, dq, dk, dproj, dadt, dscale,
+                 dqkdot, dskip_part, d);
 }
 
 extern "C" __global__ void __launch_bounds__(M3W_WARPS * 32)
     m3_wscan_bwd_bf16qk(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                         const float* __restrict__ proj, const float* __restrict__ dt, const float* __restrict__ adt,
                         const float* __restrict__ lam, const float* __restrict__ qk_raw,
-                        const float* __restrict__ dskip, const float* __restrict__ states,
-                        const float* __restrict__ dy, float* __restrict__ dq, float* __restrict__ dk,
-                        float* __restrict__ dproj, float* __restrict__ dadt, float* __restrict__ dscale,
-                        float* __restrict__ dqkdot, float* __restrict__ dskip_part, M3Dims d) {
-    M3W_DISPATCH(m3w_bwd, __nv_bfloat16, q, k, proj, dt, adt, lam, qk_raw, dskip, dy, dq, dk, dproj, dadt, dscale,
-                 dqkdot, dskip_part, d);
+                        const float* __restrict__ resets, unsigned has_resets, const float* __restrict__ dskip,
+                        const float* __restrict__ states, const float* __restrict__ dy, float* __restrict__ dq,
+                        float* __restrict__ dk, float* __restrict__ dproj, float* __restrict__ dadt,
+                        float* __restrict__ dscale, float* __restrict__ dqkdot, float* __restrict__ dskip_part,
+                        M3Dims d) {
+    const float* starts = has_resets != 0 ? resets : nullptr;
+    M3W_DISPATCH(m3w_bwd, __nv_bfloat16, q, k, proj, dt, adt, lam, qk_raw, starts, dskip, dy, dq, dk, dproj, dadt,
+                 dscale, dqkdot, dskip_part, d);
 }

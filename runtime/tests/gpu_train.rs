@@ -563,6 +563,118 @@ fn trimmed_batches_train_as_padded_ones() {
     trim_case::<half::bf16>(2e-2);
 }
 
+/// Heads the warp scan takes (headdim 8, d_state 32), in two layers: the
+/// shape packed rows need.
+fn warp_cfg() -> Mamba3Config {
+    Mamba3Config {
+        d_state: 32,
+        n_layer: 2,
+        ..cfg()
+    }
+}
+
+/// Batches laid two instances a row, the state reset at each one's first
+/// token (`--pack 2`), replay the graphs captured at their widths bit for
+/// bit as the step runs eagerly, and train what the same instances train
+/// one a row, up to rounding.
+fn pack_case<P: ModelCompute>(tolerance: f64)
+where
+    Mamba3Step<P>: TrainingStep<Context = Gpu>,
+{
+    let c = warp_cfg();
+    let w = Weights::<f32>::init(&c, 23).expect("weights");
+    let (batches, width) = growing(8, 8, 15);
+    let packed: Vec<Batch> = batches
+        .iter()
+        .map(|b| b.packed(2, 8, Task::Parity.pad()))
+        .collect();
+    let (rows, cap) = Batch::packed_shape(8, width, 2);
+    assert!(packed.iter().all(|b| b.rows == rows && b.width <= cap));
+    let s = settings(Some(0.5));
+    let build = |gpu: Gpu, pack: bool| {
+        let mut e = if pack {
+            GpuEngine::<P>::packed(gpu, c.clone(), &w, &s, rows, cap)
+        } else {
+            GpuEngine::<P>::new(gpu, c.clone(), &w, &s, 8, width)
+        }
+        .expect("gpu engine");
+        e.set_schedule(SCHEDULE);
+        if pack {
+            e.capture_widths(&Batch::trimmed_widths(cap, 8)).unwrap();
+        }
+        e
+    };
+    let padded = {
+        let (gpu, _lock) = context();
+        let mut e = build(gpu, false);
+        let err = e.load_batch(&packed[0]).unwrap_err().to_string();
+        assert!(err.contains("packed"), "{err}");
+        (run(&mut e, &batches), e.export_state().unwrap())
+    };
+    let replayed = {
+        let (gpu, _lock) = context();
+        let mut e = build(gpu, true);
+        let err = e
+            .load_batch(&batches[0].trimmed(8))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("packed batches only"), "{err}");
+        (run(&mut e, &packed), e.export_state().unwrap())
+    };
+    let eager = {
+        let (gpu, _lock) = context();
+        let mut e = build(gpu, true);
+        (run_eager(&mut e, &packed), e.export_state().unwrap())
+    };
+    assert_eq!(replayed.0, eager.0, "replayed and eager metrics");
+    assert_eq!(state_bits(&replayed.1), state_bits(&eager.1));
+    for (a, b) in padded.0.iter().zip(&replayed.0) {
+        println!(
+            "step {}: loss padded {:.6} packed {:.6}",
+            a.step, a.loss, b.loss
+        );
+        assert!(
+            rel(b.loss, a.loss) < tolerance,
+            "loss {} vs {}",
+            b.loss,
+            a.loss
+        );
+        assert!(rel(b.grad_norm, a.grad_norm) < tolerance, "grad norm");
+    }
+    for (x, y) in padded
+        .1
+        .weights
+        .tensors()
+        .iter()
+        .zip(replayed.1.weights.tensors())
+    {
+        assert!(rel_vec(y, x) < tolerance, "weights");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn packed_batches_train_as_padded_ones() {
+    pack_case::<f32>(1e-4);
+    pack_case::<half::bf16>(2e-2);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn packing_is_refused_where_the_warp_scan_does_not_run() {
+    let (gpu, _lock) = context();
+    let w = Weights::<f32>::init(&cfg(), 3).expect("weights");
+    // cfg(): d_state 16, a head the block scan runs.
+    let err = GpuEngine::<f32>::packed(gpu, cfg(), &w, &settings(None), 4, 32)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("packed rows need the warp scan") && err.contains("8 x 16"),
+        "{err}"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn an_edit_between_replays_trains_on_as_a_fresh_engine_would() {

@@ -132,7 +132,7 @@ fn warp_scan_refuses_a_head_it_has_no_instance_for() {
         &s.acts.q,
         &s.acts.k,
         &la.proj,
-        scalars,
+        (scalars, None),
         &lw.d,
         &mut o.y,
         &mut o.states,

@@ -596,7 +596,7 @@ pub fn scan_fwd<Q: Compute>(
     q: &DeviceBuffer<Q>,
     k: &DeviceBuffer<Q>,
     proj: &DeviceBuffer<f32>,
-    scalars: ScanScalars<'_>,
+    (scalars, resets): (ScanScalars<'_>, Option<&DeviceBuffer<f32>>),
     dskip: &DeviceBuffer<f32>,
     y: &mut DeviceBuffer<f32>,
     states: &mut DeviceBuffer<f32>,
@@ -604,6 +604,7 @@ pub fn scan_fwd<Q: Compute>(
     let d = sh.dims()?;
     let [dt, adt, lam, qk_raw] = scalars;
     check_scan_inputs(gpu, sh, [q, k], proj, scalars, dskip)?;
+    let (starts, has_starts) = sequence_starts(gpu, sh, resets, dt)?;
     need(gpu, "scan: y", y, sh.per_row(sh.d_inner)?)?;
     need(
         gpu,
@@ -626,17 +627,44 @@ pub fn scan_fwd<Q: Compute>(
     b.arg(dt.slice()?)
         .arg(adt.slice()?)
         .arg(lam.slice()?)
-        .arg(qk_raw.slice()?)
-        .arg(dskip.slice()?);
+        .arg(qk_raw.slice()?);
+    if sh.scan_form == ScanForm::Warp {
+        b.arg(starts.slice()?).arg(&has_starts);
+    }
+    b.arg(dskip.slice()?);
     b.arg(y.slice_mut()?).arg(states.slice_mut()?).arg(&d);
     // SAFETY: block (b, h) (warp (b, h) in the warp form) reads its rows of
-    // q/k [rows x H x N], proj's x columns, the [rows x H] scalars and D[h],
-    // and writes its y columns and its B x H x nchunks x P x N slice of
-    // `states`; all lengths checked; the block form's dynamic shared memory
-    // is the size its layout needs, the warp form's q/k are 16-byte aligned
-    // for its vector loads (`warp_scan_launch`).
+    // q/k [rows x H x N], proj's x columns, the [rows x H] scalars and D[h]
+    // (the warp form also row b's sequence starts [rows], only when
+    // has_starts is set, their length then checked), and writes its y
+    // columns and its B x H x nchunks x P x N slice of `states`; all
+    // lengths checked; the block form's dynamic shared memory is the size
+    // its layout needs, the warp form's q/k are 16-byte aligned for its
+    // vector loads (`warp_scan_launch`).
     unsafe { b.launch(cfg) }.during("launch m3_scan_fwd")?;
     Ok(())
+}
+
+/// The warp scan's sequence-start arguments: the flags `[rows]` and 1, or
+/// a stand-in buffer the kernel does not read and 0. Refused for a form
+/// that takes none (the block scan), so packed rows never run it.
+pub(crate) fn sequence_starts<'a>(
+    gpu: &Gpu,
+    sh: &Mamba3Shape,
+    resets: Option<&'a DeviceBuffer<f32>>,
+    stand_in: &'a DeviceBuffer<f32>,
+) -> Result<(&'a DeviceBuffer<f32>, u32), GpuError> {
+    match resets {
+        None => Ok((stand_in, 0)),
+        Some(_) if sh.scan_form != ScanForm::Warp => Err(GpuError::WarpScanShape {
+            headdim: sh.headdim,
+            d_state: sh.d_state,
+        }),
+        Some(r) => {
+            need(gpu, "scan: sequence starts", r, sh.rows)?;
+            Ok((r, 1))
+        }
+    }
 }
 
 /// The z gate, optionally with the grouped output RMSNorm (`norm_w`); `o`

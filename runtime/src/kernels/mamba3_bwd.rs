@@ -221,7 +221,7 @@ pub fn scan_bwd<Q: Compute>(
     q: &DeviceBuffer<Q>,
     k: &DeviceBuffer<Q>,
     proj: &DeviceBuffer<f32>,
-    scalars: ScanScalars<'_>,
+    (scalars, resets): (ScanScalars<'_>, Option<&DeviceBuffer<f32>>),
     dskip: &DeviceBuffer<f32>,
     states: &DeviceBuffer<f32>,
     dy: &DeviceBuffer<f32>,
@@ -230,6 +230,7 @@ pub fn scan_bwd<Q: Compute>(
     let d = sh.dims()?;
     let [dt, adt, lam, qk_raw] = scalars;
     check_scan_inputs(gpu, sh, [q, k], proj, scalars, dskip)?;
+    let (starts, has_starts) = super::mamba3::sequence_starts(gpu, sh, resets, dt)?;
     need(
         gpu,
         "scan_bwd: states",
@@ -253,8 +254,11 @@ pub fn scan_bwd<Q: Compute>(
     b.arg(dt.slice()?)
         .arg(adt.slice()?)
         .arg(lam.slice()?)
-        .arg(qk_raw.slice()?)
-        .arg(dskip.slice()?);
+        .arg(qk_raw.slice()?);
+    if sh.scan_form == ScanForm::Warp {
+        b.arg(starts.slice()?).arg(&has_starts);
+    }
+    b.arg(dskip.slice()?);
     b.arg(states.slice()?).arg(dy.slice()?);
     b.arg(out.dq.slice_mut()?)
         .arg(out.dk.slice_mut()?)
@@ -265,7 +269,8 @@ pub fn scan_bwd<Q: Compute>(
     b.arg(out.dskip_part.slice_mut()?).arg(&d);
     // SAFETY: block (b, h) (warp (b, h) in the warp form) reads and writes
     // only its own rows/columns of buffers whose lengths were all checked
-    // against the shape; the block form's shared memory is sized by
+    // against the shape (the warp form's sequence starts read only with
+    // has_starts set, their length then checked); the block form's shared memory is sized by
     // `scan_bwd_smem` for this shape, the warp form's q/k alignment checked
     // by `warp_scan_launch`.
     unsafe { b.launch(cfg) }.during("launch m3_scan_bwd")?;

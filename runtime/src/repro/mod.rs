@@ -576,7 +576,11 @@ fn write_files(
             r.warmup,
             r.dt_init,
             r.ema.map_or_else(String::new, |d| format!(" --ema {d}")),
-            if r.trim { " --trim" } else { "" },
+            match (r.pack, r.trim) {
+                (k, _) if k > 1 => format!(" --pack {k}"),
+                (_, true) => " --trim".to_owned(),
+                _ => String::new(),
+            },
             recipe::d_state(opts.quick),
             recipe::BETA2,
             if r.adam_eps == DEFAULT_ADAM_EPS {

@@ -137,6 +137,8 @@ pub struct Recipe {
     /// Whether each training batch is trimmed to its longest row
     /// (`stepgraph train --trim`): the same runs in fewer tokens.
     pub trim: bool,
+    /// Instances a training row (`stepgraph train --pack`; 1: one a row).
+    pub pack: usize,
 }
 
 /// The scan's chunk length for a table in `precision`: the same math at
@@ -215,6 +217,8 @@ fn arithmetic(task: Task) -> Recipe {
         // the tokens (1.5x the steps a second over the arithmetic
         // curriculum on an H100, BENCHMARKS.md, "padding").
         trim: true,
+        // Not yet measured on the GPU (BENCHMARKS.md, "packing").
+        pack: 1,
     }
 }
 
@@ -258,6 +262,7 @@ pub fn recipe(task: Task, quick: bool) -> Recipe {
             skew_drop: 0.0,
             // As the arithmetic columns (`arithmetic`): ~70% of the tokens.
             trim: true,
+            pack: 1,
         },
         // 80 operands: rows of 2 * 80 + 1 = 161 tokens; 128: 257. The
         // curriculum starts at 20 operands (41 tokens). Half the rows skewed
@@ -376,6 +381,10 @@ pub struct Overrides {
     /// resume and merge as padded.
     #[serde(default = "padded_before")]
     pub pad: bool,
+    /// Instances a training row (`--pack`). Absent from tables written
+    /// before it.
+    #[serde(default)]
+    pub pack: Option<usize>,
 }
 
 /// What a table that predates [`Overrides::pad`] ran: padded batches.
@@ -438,6 +447,7 @@ impl Overrides {
                 .skew_drop
                 .unwrap_or(if skewed_rows == 0.0 { 0.0 } else { r.skew_drop }),
             trim: r.trim && !self.pad,
+            pack: self.pack.unwrap_or(r.pack),
             ..r
         }
     }
@@ -546,8 +556,7 @@ impl Recipe {
             ema: self.ema,
             edits: Vec::new(),
             trim: self.trim,
-            // Not yet measured on the GPU (the warp scan's resets).
-            pack: 1,
+            pack: self.pack,
         }
     }
 }
@@ -632,6 +641,7 @@ mod tests {
             skew_drop: Some(0.3),
             decay: Some(Decay::Matrices),
             pad: true,
+            pack: Some(2),
         };
         let r = o.apply(base.clone());
         // Every column decays the outputs only unless told otherwise.
@@ -650,7 +660,20 @@ mod tests {
         );
         for task in COLUMNS {
             assert!(recipe(task, false).trim, "{task:?} trims by default");
+            assert_eq!(
+                recipe(task, false).pack,
+                1,
+                "{task:?} packs nothing by default"
+            );
         }
+        assert_eq!(
+            (
+                run.pack,
+                base.run(Rotation::Data, 1, Precision::Bf16, Device::Cuda, false)
+                    .pack
+            ),
+            (2, 1)
+        );
         assert_eq!((base.ema, r.ema), (Some(0.999), Some(0.999)));
         let parity = recipe(Task::Parity, false);
         let o = Overrides {

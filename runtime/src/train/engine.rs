@@ -106,6 +106,12 @@ pub enum EngineError {
         "batch rejected: {0} does not run packed batches (--pack); it would mix their instances"
     )]
     Packed(&'static str),
+    /// A batch of one instance a row given to an engine built for packed
+    /// ones.
+    #[error(
+        "batch rejected: this engine was built for packed batches (--pack) and takes packed batches only"
+    )]
+    Unpacked,
     /// A batch in which no prediction is scored (the loss would be 0/0).
     #[error("batch rejected: no scored prediction in the batch")]
     NothingScored,

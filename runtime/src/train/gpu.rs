@@ -62,6 +62,8 @@ struct EvalBufs<A> {
 struct Staging {
     tokens: PinnedBuffer<i32>,
     weights: PinnedBuffer<f32>,
+    /// Sequence starts of a packed batch (1.0 or 0.0 a position).
+    resets: PinnedBuffer<f32>,
 }
 
 /// A graph-captured step as a [`TrainEngine`]; see the [module
@@ -106,6 +108,32 @@ where
         rows: usize,
         width: usize,
     ) -> Result<Self, EngineError> {
+        Self::build(gpu, cfg, weights, settings, (rows, width), false)
+    }
+
+    /// [`Self::new`] for packed batches
+    /// ([`crate::train::data::Batch::packed`]): the step's
+    /// scan reads each batch's sequence starts, and every batch must bring
+    /// them. Refused where the model's heads do not run the warp scan.
+    pub fn packed(
+        gpu: Gpu,
+        cfg: Mamba3Config,
+        weights: &Weights<f32>,
+        settings: &OptimSettings,
+        rows: usize,
+        width: usize,
+    ) -> Result<Self, EngineError> {
+        Self::build(gpu, cfg, weights, settings, (rows, width), true)
+    }
+
+    fn build(
+        gpu: Gpu,
+        cfg: Mamba3Config,
+        weights: &Weights<f32>,
+        settings: &OptimSettings,
+        (rows, width): (usize, usize),
+        packed: bool,
+    ) -> Result<Self, EngineError> {
         check_weights(&cfg, weights)?;
         if rows == 0 || width < 2 {
             return Err(EngineError::BatchShape {
@@ -135,6 +163,8 @@ where
             .collect();
         step.control = StepControl::new(&gpu, &cfg, settings.adam.lr, frozen)?;
         step.control.set_clip(&gpu, settings.clip)?;
+        // Before any capture: the captured scans read the flags or never do.
+        step.acts.set_packed(packed)?;
         let graph = step.capture(
             &gpu,
             ShapeKey {
@@ -146,6 +176,7 @@ where
             Ok(Staging {
                 tokens: gpu.alloc_pinned::<i32>(rows * width)?,
                 weights: gpu.alloc_pinned::<f32>(rows * len)?,
+                resets: gpu.alloc_pinned::<f32>(if packed { rows * len } else { 1 })?,
             })
         };
         let staging = [slot()?, slot()?];
@@ -389,6 +420,14 @@ where
     }
 
     fn load_batch(&mut self, batch: &Batch) -> Result<(), EngineError> {
+        let packed = self.step.acts.packed;
+        let starts: Option<Vec<f32>> = match (&batch.resets, packed) {
+            (Some(r), true) => Some(r.iter().map(|&b| if b { 1.0 } else { 0.0 }).collect()),
+            (None, false) => None,
+            (Some(_), false) => return Err(EngineError::Packed("a GPU engine built without it")),
+            // Else the scan would read the previous batch's starts.
+            (None, true) => return Err(EngineError::Unpacked),
+        };
         if batch.rows != self.rows
             || self.graph_for(batch.width).is_none()
             || batch.tokens.len() != batch.rows * batch.width
@@ -400,9 +439,6 @@ where
                 want_rows: self.rows,
                 want_width: self.width,
             });
-        }
-        if batch.resets.is_some() {
-            return Err(EngineError::Packed("the GPU engine"));
         }
         let preds = self.rows * batch.seq_len();
         let weights =
@@ -420,6 +456,11 @@ where
             .copy_from_pinned(&slot.tokens, &mut self.step.tokens)?;
         self.gpu
             .copy_from_pinned(&slot.weights, &mut self.step.loss_weights)?;
+        if let Some(starts) = starts {
+            prefix(slot.resets.as_mut_slice()?, &starts)?;
+            self.gpu
+                .copy_from_pinned(&slot.resets, &mut self.step.acts.resets)?;
+        }
         self.next_slot = 1 - k;
         self.staged_width = batch.width;
         self.staged = true;

@@ -311,13 +311,6 @@ pub fn train(opts: &TrainOptions, stop: &Stop) -> Result<RunSummary, TrainError>
             operand_bytes: p.operand_bytes(),
         },
     };
-    if run.pack > 1 && matches!(resolved, Resolved::Cuda(_)) {
-        return Err(config::invalid(
-            "--pack",
-            "the GPU engines do not run packed batches yet (the warp scan takes no resets); \
-             train with --device cpu, or --trim on the GPU",
-        ));
-    }
     let (rows, width) = Batch::packed_shape(run.batch, train_width, run.pack);
     let est = memory::estimate(&cfg, holder, rows, width, &eval_widths);
     let (available, place) = match &resolved {
@@ -466,15 +459,22 @@ fn build_engine(
                 notice,
             ),
             Resolved::Cuda(gpu) => {
-                let (gpu, c) = (*gpu, cfg.clone());
-                let engine: Box<dyn TrainEngine> = match run.precision {
-                    Precision::F32 => {
-                        Box::new(GpuF32Engine::new(gpu, c, &weights, &settings, rows, width)?)
+                let (gpu, c, s) = (*gpu, cfg.clone(), &settings);
+                let packed = run.pack > 1;
+                let engine: Box<dyn TrainEngine> = match (run.precision, packed) {
+                    (Precision::F32, false) => {
+                        Box::new(GpuF32Engine::new(gpu, c, &weights, s, rows, width)?)
                     }
-                    Precision::Bf16 => Box::new(GpuBf16Engine::new(
-                        gpu, c, &weights, &settings, rows, width,
-                    )?),
-                    Precision::F64 => return Err(TrainError::F64NotTrained),
+                    (Precision::F32, true) => {
+                        Box::new(GpuF32Engine::packed(gpu, c, &weights, s, rows, width)?)
+                    }
+                    (Precision::Bf16, false) => {
+                        Box::new(GpuBf16Engine::new(gpu, c, &weights, s, rows, width)?)
+                    }
+                    (Precision::Bf16, true) => {
+                        Box::new(GpuBf16Engine::packed(gpu, c, &weights, s, rows, width)?)
+                    }
+                    (Precision::F64, _) => return Err(TrainError::F64NotTrained),
                 };
                 (engine, None)
             }

@@ -151,6 +151,11 @@ struct StArgs {
     /// tables before the recipes trimmed ran.
     #[arg(long)]
     pad: bool,
+    /// Lay K instances to a training row in every run (`stepgraph train
+    /// --pack`): the same runs up to rounding in fewer positions; the GPU
+    /// engines need heads the warp scan takes.
+    #[arg(long, value_name = "K", value_parser = at_least_one)]
+    pack: Option<usize>,
     /// Stop every run at this step (as a signal would: a checkpoint, and
     /// --resume continues it) and report the runs so far. A screen: which
     /// runs fit their training size while the curriculum grows shows by its
@@ -166,7 +171,7 @@ struct StArgs {
             "seeds", "first_seed", "precision", "device", "jobs", "gpus", "quick", "tasks", "rotations",
             "time_limit", "steps", "curriculum", "batch", "lr", "min_lr", "warmup", "d_model", "headdim",
             "curriculum_gate", "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps",
-            "skewed_rows", "skew_drop", "decay", "pad", "stop_after",
+            "skewed_rows", "skew_drop", "decay", "pad", "pack", "stop_after",
         ]
     )]
     merge: Vec<PathBuf>,
@@ -181,7 +186,7 @@ struct StArgs {
             "seeds", "first_seed", "precision", "device", "quick", "tasks", "rotations",
             "steps", "curriculum", "batch", "lr", "min_lr", "warmup", "d_model", "headdim", "curriculum_gate",
             "dt_init", "ema", "train_min_len", "curriculum_start", "adam_eps", "skewed_rows",
-            "skew_drop", "decay", "pad", "merge", "out",
+            "skew_drop", "decay", "pad", "pack", "merge", "out",
         ]
     )]
     resume: Option<PathBuf>,
@@ -248,6 +253,7 @@ fn options(a: &StArgs) -> ReproOptions {
             skew_drop: a.skew_drop,
             decay: a.decay.map(Into::into),
             pad: a.pad,
+            pack: a.pack,
         },
     }
 }

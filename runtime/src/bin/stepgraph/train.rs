@@ -248,7 +248,7 @@ pub struct Args {
     /// tokens). The same instances and loss in far fewer positions; needs
     /// the recurrent scan on the CPU and the warp scan on the GPU
     /// (headdim 8-32, d_state 32-64).
-    #[arg(long, default_value_t = 1, value_name = "K")]
+    #[arg(long, default_value_t = 1, value_name = "K", value_parser = at_least_one)]
     pack: usize,
     /// Run directory, created for this run (default: runs/<UTC timestamp>);
     /// an existing one must be empty.

@@ -221,6 +221,13 @@ pub struct Acts<B = DeviceBuffer<f32>> {
     pub lse: DeviceBuffer<f32>,
     /// Per-row cross-entropy `[rows]`.
     pub row_loss: DeviceBuffer<f32>,
+    /// Where a sequence starts inside a row `[rows]` (1, else 0): the
+    /// engine writes it with each packed batch, as it writes the tokens;
+    /// the scan reads it only once [`Self::set_packed`] is on.
+    pub resets: DeviceBuffer<f32>,
+    /// Whether the ops read `resets` ([`Self::set_packed`]).
+    #[ptrs(skip)]
+    pub packed: bool,
 }
 
 /// The mixed step's activations: bf16 GEMM operands, f32 otherwise.
@@ -266,12 +273,34 @@ impl<T: Compute> Acts<DeviceBuffer<T>> {
             logits: buf(gpu, sh.per_row(sh.vocab))?,
             lse: buf(gpu, Ok(sh.rows))?,
             row_loss: buf(gpu, Ok(sh.rows))?,
+            resets: buf(gpu, Ok(sh.rows))?,
+            packed: false,
         })
     }
 
     /// `(batch, seq_len)` these activations are sized for.
     pub fn batch_len(&self) -> (usize, usize) {
         (self.capacity.batch, self.capacity.len)
+    }
+
+    /// Makes the ops that follow read [`Self::resets`]: rows that pack
+    /// several sequences, each from a zero state. Only the warp form of the
+    /// scan takes resets; at a head shape that runs another form this is
+    /// refused, and nothing reads the flags.
+    pub fn set_packed(&mut self, on: bool) -> Result<(), Mamba3GpuError> {
+        if on && self.capacity.scan_form != ScanForm::Warp {
+            return Err(Mamba3GpuError::Packed {
+                headdim: self.capacity.headdim,
+                d_state: self.capacity.d_state,
+            });
+        }
+        self.packed = on;
+        Ok(())
+    }
+
+    /// The sequence starts the scan reads: `Some` once packed.
+    pub fn sequence_starts(&self) -> Option<&DeviceBuffer<f32>> {
+        self.packed.then_some(&self.resets)
     }
 
     /// Runs the ops that follow over windows of `len` tokens (at most the

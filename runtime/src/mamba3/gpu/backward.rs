@@ -161,7 +161,8 @@ pub fn blocks_backward<W: StepWeights>(
         .rev()
     {
         let gemm_w = weights.layer_gemm(l)?;
-        mixer_backward(gpu, &sh, lw, gemm_w, la, lg, work, probe)?;
+        let starts = acts.sequence_starts();
+        mixer_backward(gpu, &sh, lw, gemm_w, (la, starts), lg, work, probe)?;
     }
     Ok(())
 }
@@ -180,7 +181,7 @@ fn mixer_backward<T: Compute>(
     sh: &Mamba3Shape,
     lw: &LayerWeights,
     gemm_w: [&DeviceBuffer<T>; 2],
-    la: &LayerActs<DeviceBuffer<T>>,
+    (la, starts): (&LayerActs<DeviceBuffer<T>>, Option<&DeviceBuffer<f32>>),
     lg: &mut LayerWeights,
     work: &mut BackwardWork,
     probe: &mut impl Probe,
@@ -269,6 +270,13 @@ fn mixer_backward<T: Compute>(
     probe.enter(gpu, S, "scan bwd")?;
     // The chunk-parallel scan leaves one dD partial per (row, chunk, head).
     let dd_rows = match scan_operands(sh, q, k) {
+        // `Acts::set_packed` refuses every shape the chunk scan runs at.
+        ScanOperands::Chunk(..) if starts.is_some() => {
+            return Err(Mamba3GpuError::Packed {
+                headdim: sh.headdim,
+                d_state: sh.d_state,
+            });
+        }
         ScanOperands::Chunk(q16, k16) => {
             kc::scan_bwd(
                 gpu,
@@ -287,7 +295,8 @@ fn mixer_backward<T: Compute>(
             sh.batch * sh.nchunks
         }
         ScanOperands::Scalar(q, k) => {
-            kb::scan_bwd(gpu, sh, q, k, &la.proj, scalars, &lw.d, &la.states, dy, out)?;
+            let inputs = (scalars, starts);
+            kb::scan_bwd(gpu, sh, q, k, &la.proj, inputs, &lw.d, &la.states, dy, out)?;
             sh.batch
         }
     };

@@ -114,8 +114,11 @@ pub fn blocks_forward<W: StepWeights>(
         k,
         chunk_own,
         h_final,
+        resets,
+        packed,
         ..
     } = acts;
+    let starts = packed.then_some(&*resets);
     for l in 0..nl {
         let (cur, rest) = layers.split_at_mut(l + 1);
         let la = &mut cur[l];
@@ -132,6 +135,7 @@ pub fn blocks_forward<W: StepWeights>(
         let shared = Shared {
             qk: [&mut *q, &mut *k],
             chunk_own: &mut *chunk_own,
+            starts,
         };
         mixer_forward(gpu, &sh, lw, gemm_w, la, shared, next, probe)?;
     }
@@ -144,6 +148,9 @@ struct Shared<'a, T: Compute> {
     qk: [&'a mut DeviceBuffer<T>; 2],
     /// The chunk scan's f32 working memory.
     chunk_own: &'a mut DeviceBuffer<f32>,
+    /// Where sequences start inside the rows, when packed
+    /// ([`Acts::set_packed`]).
+    starts: Option<&'a DeviceBuffer<f32>>,
 }
 
 /// One block: `h_next = h_in + out_proj(mixer(norm(h_in)))`.
@@ -167,6 +174,7 @@ fn mixer_forward<T: Compute>(
     let Shared {
         qk: [shared_q, shared_k],
         chunk_own,
+        starts,
     } = shared;
     let (q, k_rot) = if keeps_qk::<T>() {
         (&mut la.q, &mut la.k)
@@ -222,6 +230,13 @@ fn mixer_forward<T: Compute>(
     probe.enter(gpu, S, "scan fwd")?;
     let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
     match scan_operands(sh, &*q, &*k_rot) {
+        // `Acts::set_packed` refuses every shape the chunk scan runs at.
+        ScanOperands::Chunk(..) if starts.is_some() => {
+            return Err(Mamba3GpuError::Packed {
+                headdim: sh.headdim,
+                d_state: sh.d_state,
+            });
+        }
         ScanOperands::Chunk(q16, k16) => kc::scan_fwd(
             gpu,
             sh,
@@ -240,7 +255,7 @@ fn mixer_forward<T: Compute>(
             q,
             k_rot,
             &la.proj,
-            scalars,
+            (scalars, starts),
             &lw.d,
             &mut la.y,
             &mut la.states,

@@ -71,6 +71,17 @@ pub enum Mamba3GpuError {
     /// Weights from the CPU model that do not fit the configuration.
     #[error("weights do not fit the configuration: {0}")]
     Weights(#[from] crate::mamba3::cpu::ModelError),
+    /// Packed rows (sequence starts inside a row) at a head shape whose
+    /// scan takes none.
+    #[error(
+        "packed rows need the warp scan, which takes heads of headdim x d_state 8 or 16 x 32 or 64, or 32 x 32; this model's are {headdim} x {d_state}"
+    )]
+    Packed {
+        /// Head dimension P.
+        headdim: usize,
+        /// State size N.
+        d_state: usize,
+    },
 }
 
 impl OpError for Mamba3GpuError {

@@ -416,7 +416,7 @@ fn default_adam_eps() -> f64 {
     DEFAULT_ADAM_EPS
 }
 
-pub(crate) fn invalid(flag: &'static str, reason: impl Into<String>) -> TrainError {
+fn invalid(flag: &'static str, reason: impl Into<String>) -> TrainError {
     TrainError::InvalidOption {
         flag,
         reason: reason.into(),
