@@ -4,8 +4,9 @@
 //! same inputs: every output of the forward and backward kernels, with f32
 //! and with bf16 q/k, at every head shape the warp form takes, with partial
 //! last chunks and a one-token window; bit-identical reruns; a typed refusal
-//! of a head it does not take; and the time of the three scans at the
-//! state-tracking models' layer shape.
+//! of a head it does not take; sequence starts inside a row (`--pack`)
+//! against the CPU reference's recurrent scan; and the time of the three
+//! scans at the state-tracking models' layer shape.
 //!
 //! Both forms compute in f32 in different orders (a recurrence per token
 //! against chunked products), so they are held to a relative error, not to
@@ -185,4 +186,166 @@ fn scan_times_at_the_state_tracking_shape() {
             "the warp form must beat the block form here"
         );
     }
+}
+
+/// Sequence starts inside the rows (`--pack`): the warp scan, forward and
+/// backward, against the CPU reference's recurrent scan (f64) with the same
+/// starts, head by head: y, dq, dk, dv, the log-decay gradient (whose
+/// suffix sum restarts at a start) and dL/dD. Starts at a row's first
+/// token, mid-row, on adjacent tokens and on the last token.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn warp_scan_restarts_at_sequence_starts_as_the_reference_does() {
+    use stepgraph::kernels::mamba3_bwd::{self as kb, ScanGrads};
+    use stepgraph::mamba3::cpu::{HeadCarry, HeadInputs, recurrent_backward, recurrent_forward};
+
+    let gpu = gpu();
+    let (batch, len) = (2, 70);
+    let s = step(&gpu, &cfg(64, 16, 64, 1), batch, len, 900);
+    let sh = s.acts.shape;
+    assert_eq!(sh.scan_form, ScanForm::Warp);
+    let starts: [&[usize]; 2] = [&[0, 17, 40, 69], &[0, 1, 2, 33]];
+    let mut flags = vec![0.0f32; batch * len];
+    for (b, row) in starts.iter().enumerate() {
+        for &t in *row {
+            flags[b * len + t] = 1.0;
+        }
+    }
+    let resets = gpu.to_device(&flags).expect("resets");
+    let dy = gpu
+        .to_device(&random(901, sh.rows * sh.d_inner, 1.0))
+        .expect("dy");
+    let mut o = outs(&gpu, &sh, &s);
+    let (lw, la) = (&s.weights.layers[0], &s.acts.layers[0]);
+    let scalars = [&la.dt, &la.adt, &la.lam, &la.qk_raw];
+    let (q, k_rot) = (&s.acts.q, &s.acts.k);
+    k::scan_fwd(
+        &gpu,
+        &sh,
+        q,
+        k_rot,
+        &la.proj,
+        (scalars, Some(&resets)),
+        &lw.d,
+        &mut o.y,
+        &mut o.states,
+    )
+    .expect("scan forward");
+    let out = ScanGrads {
+        dq: &mut o.dq,
+        dk: &mut o.dk,
+        dproj: &mut o.dproj,
+        dadt: &mut o.dadt,
+        dscale: &mut o.dscale,
+        dqkdot: &mut o.dqkdot,
+        dskip_part: &mut o.dskip_part,
+    };
+    let inputs = (scalars, Some(&resets));
+    kb::scan_bwd(
+        &gpu, &sh, q, k_rot, &la.proj, inputs, &lw.d, &o.states, &dy, out,
+    )
+    .expect("scan backward");
+
+    let f64s = |b: &stepgraph::device::DeviceBuffer<f32>| -> Vec<f64> {
+        host(&gpu, b).into_iter().map(f64::from).collect()
+    };
+    let (hq, hk, proj, dyh) = (f64s(q), f64s(k_rot), f64s(&la.proj), f64s(&dy));
+    let [dt, adt, lam, qk_raw] = scalars.map(&f64s);
+    let d_skip = f64s(&lw.d);
+    let (y, dq, dk, dproj, dadt) = (
+        f64s(&o.y),
+        f64s(&o.dq),
+        f64s(&o.dk),
+        f64s(&o.dproj),
+        f64s(&o.dadt),
+    );
+    let dd_gpu: Vec<f64> = gpu_common::scan::dskip(&gpu, &o.dskip_part, sh.batch, sh.nheads)
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    let (nh, p, n, di, width) = (sh.nheads, sh.headdim, sh.d_state, sh.d_inner, sh.width);
+    let off_x = sh.layout.x;
+    // (got, want) pairs by name, gathered over every (row, head).
+    let mut pairs: Vec<(&str, Vec<f64>, Vec<f64>)> = ["y", "dq", "dk", "dv", "dadt"]
+        .into_iter()
+        .map(|name| (name, Vec::new(), Vec::new()))
+        .collect();
+    let mut dd_cpu = vec![0.0f64; nh];
+    let zeros = (vec![0.0f64; p * n], vec![0.0f64; n], vec![0.0f64; p]);
+    for b in 0..batch {
+        let resets: Vec<bool> = (0..len).map(|t| flags[b * len + t] != 0.0).collect();
+        for h in 0..nh {
+            let tok = |t: usize| b * len + t;
+            let gather = |src: &[f64], w: usize, at: &dyn Fn(usize) -> usize| -> Vec<f64> {
+                (0..len)
+                    .flat_map(|t| src[at(t)..at(t) + w].to_vec())
+                    .collect()
+            };
+            let x_q = gather(&hq, n, &|t| (tok(t) * nh + h) * n);
+            let x_k = gather(&hk, n, &|t| (tok(t) * nh + h) * n);
+            let x_v = gather(&proj, p, &|t| tok(t) * width + off_x + h * p);
+            let per =
+                |src: &[f64]| -> Vec<f64> { (0..len).map(|t| src[tok(t) * nh + h]).collect() };
+            let (x_dt, x_adt, x_lam, x_qk) = (per(&dt), per(&adt), per(&lam), per(&qk_raw));
+            let x = HeadInputs {
+                q: &x_q,
+                k: &x_k,
+                v: &x_v,
+                adt: &x_adt,
+                dt: &x_dt,
+                lam: &x_lam,
+                qk_raw: &x_qk,
+                resets: &resets,
+                d: d_skip[h],
+                p,
+                n,
+            };
+            let carry = HeadCarry {
+                ssm: &zeros.0,
+                k: &zeros.1,
+                v: &zeros.2,
+            };
+            let fwd = recurrent_forward(&x, &carry, 16).expect("reference forward");
+            let dy_h = gather(&dyh, p, &|t| tok(t) * di + h * p);
+            let g = recurrent_backward(&x, &carry, &fwd, &dy_h, 16).expect("reference backward");
+            dd_cpu[h] += g.dd;
+            let got = [
+                gather(&y, p, &|t| tok(t) * di + h * p),
+                gather(&dq, n, &|t| (tok(t) * nh + h) * n),
+                gather(&dk, n, &|t| (tok(t) * nh + h) * n),
+                gather(&dproj, p, &|t| tok(t) * width + off_x + h * p),
+                per(&dadt),
+            ];
+            let want = [fwd.y, g.dq, g.dk, g.dv, g.dadt];
+            for ((_, gs, ws), (gv, wv)) in pairs.iter_mut().zip(got.into_iter().zip(want)) {
+                gs.extend(gv);
+                ws.extend(wv);
+            }
+        }
+    }
+    pairs.push(("dD", dd_gpu, dd_cpu));
+    for (name, got, want) in &pairs {
+        let (num, den) = got.iter().zip(want).fold((0.0, 0.0), |(a, b), (x, y)| {
+            (a + (x - y) * (x - y), b + y * y)
+        });
+        let rel = (num / den.max(1e-300)).sqrt();
+        println!("  {name:<5} rel {rel:.2e}");
+        assert!(rel < 1e-4, "{name}: rel {rel:.3e} against the reference");
+    }
+    // The starts change the answer: the same scan without them differs.
+    let mut plain = outs(&gpu, &sh, &s);
+    k::scan_fwd(
+        &gpu,
+        &sh,
+        q,
+        k_rot,
+        &la.proj,
+        (scalars, None),
+        &lw.d,
+        &mut plain.y,
+        &mut plain.states,
+    )
+    .expect("scan forward");
+    let (rel, _) = gpu_common::scan::compare(&host(&gpu, &plain.y), &host(&gpu, &o.y));
+    assert!(rel > 1e-3, "the starts made no difference ({rel:.2e})");
 }
