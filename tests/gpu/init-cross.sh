@@ -311,18 +311,20 @@ pack_runs() {
 
 # `--trim`'s rate against the padded step's: the recipe's seed 1 (bf16, or
 # PREC) trained alone from step 0 to step $1 (default 2000), padded and then
-# trimmed, each timed from the process's start to its exit (capture and
+# trimmed, and with PACK=K also packed K a row (`--pack K`), each timed
+# from the process's start to its exit (capture and
 # evaluations included, the same in both), into $OUT/summary-rate.txt.
 rate() {
   local steps=${1:-2000} prec=${PREC:-bf16} mode dir t0 t1
-  for mode in padded trimmed; do
+  for mode in padded trimmed ${PACK:+packed}; do
     dir=$work/rate-$mode
     rm -rf "$dir"
     t0=$(date +%s.%N)
     "$bin" train "${recipe[@]}" --chunk-size "$(chunk_of "$prec")" --device "${DEVICE:-cuda}" \
       --precision "$prec" --lr 1e-3 --min-lr 1e-5 --weight-decay 0.1 --seed 1 \
       --stop-after "$steps" --run-dir "$dir" --progress plain \
-      $([ $mode = trimmed ] && echo --trim) > "$dir.log" 2>&1 || { tail -5 "$dir.log"; continue; }
+      $([ $mode = trimmed ] && echo --trim) $([ $mode = packed ] && echo --pack "$PACK") \
+      > "$dir.log" 2>&1 || { tail -5 "$dir.log"; continue; }
     t1=$(date +%s.%N)
     python3 -c "import sys; s, a, b = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]); \
 print(f'{sys.argv[4]}: {s} steps in {b - a:.1f} s, {s / (b - a):.1f} steps/s')" \
