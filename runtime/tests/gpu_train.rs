@@ -501,6 +501,36 @@ fn growing(n: usize, rows: usize, seed: u64) -> (Vec<Batch>, usize) {
     (batches, width)
 }
 
+/// A run's metrics and final state.
+type Trained = (Vec<StepMetrics>, EngineState);
+
+/// `replayed` equals `eager` bit for bit (the same batches replayed and run
+/// eagerly), and trains what `padded` trains up to `tolerance`: every
+/// step's loss and gradient norm, and the final weights.
+fn trains_alike(padded: &Trained, replayed: &Trained, eager: &Trained, tolerance: f64) {
+    assert_eq!(replayed.0, eager.0, "replayed and eager metrics");
+    assert_eq!(state_bits(&replayed.1), state_bits(&eager.1));
+    for (a, b) in padded.0.iter().zip(&replayed.0) {
+        println!("step {}: loss {:.6} against {:.6}", a.step, b.loss, a.loss);
+        assert!(
+            rel(b.loss, a.loss) < tolerance,
+            "loss {} vs {}",
+            b.loss,
+            a.loss
+        );
+        assert!(rel(b.grad_norm, a.grad_norm) < tolerance, "grad norm");
+    }
+    for (x, y) in padded
+        .1
+        .weights
+        .tensors()
+        .iter()
+        .zip(replayed.1.weights.tensors())
+    {
+        assert!(rel_vec(y, x) < tolerance, "weights");
+    }
+}
+
 /// Batches trimmed to their longest row (`--trim`) replay the graphs
 /// captured at their widths: bit for bit what the step computes eagerly at
 /// those widths, and, up to the sums' rounding, what the padded batches
@@ -534,26 +564,7 @@ where
         e.capture_widths(&Batch::trimmed_widths(width, 8)).unwrap();
         (run_eager(&mut e, &trimmed), e.export_state().unwrap())
     };
-    assert_eq!(replayed.0, eager.0, "replayed and eager metrics");
-    assert_eq!(state_bits(&replayed.1), state_bits(&eager.1));
-    for (a, b) in padded.0.iter().zip(&replayed.0) {
-        assert!(
-            rel(b.loss, a.loss) < tolerance,
-            "loss {} vs {}",
-            b.loss,
-            a.loss
-        );
-        assert!(rel(b.grad_norm, a.grad_norm) < tolerance, "grad norm");
-    }
-    for (x, y) in padded
-        .1
-        .weights
-        .tensors()
-        .iter()
-        .zip(replayed.1.weights.tensors())
-    {
-        assert!(rel_vec(y, x) < tolerance, "weights");
-    }
+    trains_alike(&padded, &replayed, &eager, tolerance);
 }
 
 #[test]
@@ -626,30 +637,7 @@ where
         let mut e = build(gpu, true);
         (run_eager(&mut e, &packed), e.export_state().unwrap())
     };
-    assert_eq!(replayed.0, eager.0, "replayed and eager metrics");
-    assert_eq!(state_bits(&replayed.1), state_bits(&eager.1));
-    for (a, b) in padded.0.iter().zip(&replayed.0) {
-        println!(
-            "step {}: loss padded {:.6} packed {:.6}",
-            a.step, a.loss, b.loss
-        );
-        assert!(
-            rel(b.loss, a.loss) < tolerance,
-            "loss {} vs {}",
-            b.loss,
-            a.loss
-        );
-        assert!(rel(b.grad_norm, a.grad_norm) < tolerance, "grad norm");
-    }
-    for (x, y) in padded
-        .1
-        .weights
-        .tensors()
-        .iter()
-        .zip(replayed.1.weights.tensors())
-    {
-        assert!(rel_vec(y, x) < tolerance, "weights");
-    }
+    trains_alike(&padded, &replayed, &eager, tolerance);
 }
 
 #[test]

@@ -10,9 +10,8 @@ use std::path::{Path, PathBuf};
 
 use stepgraph::train::checkpoint::load;
 use stepgraph::train::data::{DataSpec, Task};
-use stepgraph::train::report::ProgressMode;
-use stepgraph::train::{Resume, RunConfig, Setting, Stop, TrainError, TrainOptions, train};
-use train_common::{options, records, run_config};
+use stepgraph::train::{RunConfig, Setting, Stop, TrainError, TrainOptions, train};
+use train_common::{options, records, resume, run_config};
 
 /// Arithmetic with precedence on up to 12 operands, the largest size
 /// growing from 2, so the packed rows hold instances of mixed lengths.
@@ -31,21 +30,6 @@ fn run(dir: &Path, pack: usize) -> PathBuf {
     };
     train(&opts, &Stop::new()).unwrap();
     dir.to_path_buf()
-}
-
-fn resume(run: &Path, typed: RunConfig, given: Vec<Setting>) -> TrainOptions {
-    TrainOptions {
-        run: typed,
-        run_dir: None,
-        resume: Some(Resume {
-            from: run.to_path_buf(),
-            given,
-        }),
-        stop_after: None,
-        progress: ProgressMode::Quiet,
-        log_dynamics: false,
-        gpu: 0,
-    }
 }
 
 fn losses(run: &Path) -> Vec<f64> {

@@ -11,28 +11,10 @@ use stepgraph::mamba3::Mamba3Config;
 use stepgraph::mamba3::cpu::Weights;
 use stepgraph::train::checkpoint::{self, TrainState};
 use stepgraph::train::data::{DataSpec, Task};
-use stepgraph::train::report::ProgressMode;
 use stepgraph::train::{
-    EngineState, Resume, Rotation, RunConfig, RunStatus, Setting, Stop, TrainError, TrainOptions,
-    train,
+    EngineState, Rotation, RunConfig, RunStatus, Setting, Stop, TrainError, TrainOptions, train,
 };
-use train_common::{options, records, run_config};
-
-/// Options resuming `run` with `given` settings read from `typed`.
-fn resume(run: &Path, typed: RunConfig, given: Vec<Setting>) -> TrainOptions {
-    TrainOptions {
-        run: typed,
-        run_dir: None,
-        resume: Some(Resume {
-            from: run.to_path_buf(),
-            given,
-        }),
-        stop_after: None,
-        progress: ProgressMode::Quiet,
-        log_dynamics: false,
-        gpu: 0,
-    }
-}
+use train_common::{options, records, resume, run_config};
 
 fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))

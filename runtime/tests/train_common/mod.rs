@@ -13,7 +13,9 @@ use stepgraph::mamba3::AActivation;
 use stepgraph::mamba3::cpu::Weights;
 use stepgraph::train::data::{DataSpec, Task};
 use stepgraph::train::report::ProgressMode;
-use stepgraph::train::{Decay, Device, DtInit, ModelSize, Rotation, RunConfig, TrainOptions};
+use stepgraph::train::{
+    Decay, Device, DtInit, ModelSize, Resume, Rotation, RunConfig, Setting, TrainOptions,
+};
 
 /// A one-layer parity run on the CPU: small enough for a test to train it
 /// several times.
@@ -66,6 +68,23 @@ pub fn options(run_dir: &Path, steps: u64) -> TrainOptions {
         run: run_config(steps),
         run_dir: Some(run_dir.to_path_buf()),
         resume: None,
+        stop_after: None,
+        progress: ProgressMode::Quiet,
+        log_dynamics: false,
+        gpu: 0,
+    }
+}
+
+/// A resume of the run in `run` with the settings `typed`, of which
+/// `given` were typed on the command line, quiet.
+pub fn resume(run: &Path, typed: RunConfig, given: Vec<Setting>) -> TrainOptions {
+    TrainOptions {
+        run: typed,
+        run_dir: None,
+        resume: Some(Resume {
+            from: run.to_path_buf(),
+            given,
+        }),
         stop_after: None,
         progress: ProgressMode::Quiet,
         log_dynamics: false,
