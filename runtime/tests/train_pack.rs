@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use stepgraph::train::checkpoint::load;
 use stepgraph::train::data::{DataSpec, Task};
 use stepgraph::train::{RunConfig, Setting, Stop, TrainError, TrainOptions, train};
-use train_common::{options, records, resume, run_config};
+use train_common::{losses, options, resume, run_config};
 
 /// Arithmetic with precedence on up to 12 operands, the largest size
 /// growing from 2, so the packed rows hold instances of mixed lengths.
@@ -30,15 +30,6 @@ fn run(dir: &Path, pack: usize) -> PathBuf {
     };
     train(&opts, &Stop::new()).unwrap();
     dir.to_path_buf()
-}
-
-fn losses(run: &Path) -> Vec<f64> {
-    records(run)
-        .iter()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["kind"] == "train" || v["kind"] == "eval")
-        .map(|v| v["loss"].as_f64().unwrap())
-        .collect()
 }
 
 #[test]

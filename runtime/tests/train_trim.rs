@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use stepgraph::train::checkpoint::load;
 use stepgraph::train::data::{DataSpec, Task};
 use stepgraph::train::{RunConfig, Stop, TrainOptions, train};
-use train_common::{options, records, run_config};
+use train_common::{losses, options, run_config};
 
 /// Parity of up to 40 bits, the largest size growing from 2 over the run,
 /// so that the first batches' rows are far shorter than the training size.
@@ -51,14 +51,6 @@ fn a_trimmed_run_trains_as_the_padded_one() {
         .flat_map(|((m, v), (n, w))| m.iter().zip(n).chain(v.iter().zip(w)))
         .fold(0.0f32, |g, (x, y)| g.max((x - y).abs()));
     assert!(moments < 1e-5, "moments {moments}");
-    let losses = |run: &Path| -> Vec<f64> {
-        records(run)
-            .iter()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .filter(|v| v["kind"] == "train" || v["kind"] == "eval")
-            .map(|v| v["loss"].as_f64().unwrap())
-            .collect()
-    };
     let (la, lb) = (losses(&padded), losses(&trimmed));
     assert_eq!(la.len(), lb.len());
     assert!(la.len() > 20, "every step's loss and the evaluations");

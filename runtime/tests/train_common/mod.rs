@@ -92,6 +92,16 @@ pub fn resume(run: &Path, typed: RunConfig, given: Vec<Setting>) -> TrainOptions
     }
 }
 
+/// Every training step's and evaluation's loss of a run, in order.
+pub fn losses(run: &Path) -> Vec<f64> {
+    records(run)
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON record"))
+        .filter(|v| v["kind"] == "train" || v["kind"] == "eval")
+        .map(|v| v["loss"].as_f64().expect("a loss"))
+        .collect()
+}
+
 /// A run's metrics records without the resume events and timing fields,
 /// for comparing two runs line by line.
 pub fn records(run: &Path) -> Vec<String> {
