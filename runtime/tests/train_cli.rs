@@ -411,6 +411,41 @@ fn the_chunk_size_changes_the_schedule_not_the_math() {
 }
 
 #[test]
+fn a_packed_run_says_so_and_trains_as_the_padded_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let padded = cpu_losses(dir.path(), "padded", &["--batch", "6"]);
+    let out = tiny(
+        &[
+            "--device",
+            "cpu",
+            "--run-dir",
+            "packed",
+            "--batch",
+            "6",
+            "--pack",
+            "3",
+        ],
+        dir.path(),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("(3 a row in 2 rows, each cut to the fullest)"),
+        "{stdout}"
+    );
+    let packed = losses(&dir.path().join("packed"));
+    assert_eq!(packed.len(), padded.len());
+    for (a, b) in packed.iter().zip(&padded) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{packed:?} vs {padded:?}");
+    }
+    usage_error(&tiny(&["--pack", "0"], dir.path()), "--pack");
+}
+
+#[test]
 fn adam_eps_reaches_the_optimizer_and_binds_a_resume() {
     // An epsilon far above every gradient turns each AdamW step into a
     // gradient step of lr / eps: the same first batch, then other weights.
