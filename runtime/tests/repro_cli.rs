@@ -201,6 +201,46 @@ fn a_screen_with_another_decay_and_warmup_stops_its_runs_and_says_how_they_train
     );
 }
 
+#[test]
+fn a_packed_table_packs_every_run_and_resumes_packed() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--tasks",
+        "modarith-prec",
+        "--rotations",
+        "data",
+        "--steps",
+        "6",
+        "--pack",
+        "2",
+        "--stop-after",
+        "3",
+    ];
+    quick_table(dir.path(), &args);
+    let md = std::fs::read_to_string(dir.path().join("table/table.md")).unwrap();
+    assert!(md.contains(" --pack 2`"), "the recipes line packs: {md}");
+    let state = std::fs::read_to_string(
+        dir.path()
+            .join("table/runs/modarith-prec-data-s0/checkpoints/step-00000003/train_state.json"),
+    )
+    .unwrap();
+    assert!(state.contains("\"pack\": 2"), "{state}");
+    let out = stepgraph(
+        &["repro", "state-tracking", "--resume", "table"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let md = std::fs::read_to_string(dir.path().join("table/table.md")).unwrap();
+    assert!(
+        md.contains("| modarith-prec-data-s0 | finished | 6/6 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains(" --pack 2`"),
+        "the resumed table still packs: {md}"
+    );
+}
+
 /// `repro state-tracking --quick` on the CPU, one seed, into `dir/table`,
 /// with `extra` arguments; its standard output, once it has succeeded.
 fn quick_table(dir: &std::path::Path, extra: &[&str]) -> String {
