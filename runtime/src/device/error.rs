@@ -221,6 +221,18 @@ pub enum GpuError {
         /// N.
         d_state: usize,
     },
+    /// Sequence starts inside rows given to a scan form that takes none
+    /// (only the warp form restarts its state inside a row).
+    #[error(
+        "only the warp scan takes sequence starts inside a row (packed rows); \
+         this scan runs the block form at heads of {headdim}x{d_state}"
+    )]
+    SequenceStarts {
+        /// P.
+        headdim: usize,
+        /// N.
+        d_state: usize,
+    },
     /// A buffer whose device address a kernel's vector loads cannot take.
     #[error("{what} starts at device address {addr:#x}, not a multiple of {align} bytes")]
     Misaligned {

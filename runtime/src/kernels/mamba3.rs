@@ -656,7 +656,7 @@ pub(crate) fn sequence_starts<'a>(
 ) -> Result<(&'a DeviceBuffer<f32>, u32), GpuError> {
     match resets {
         None => Ok((stand_in, 0)),
-        Some(_) if sh.scan_form != ScanForm::Warp => Err(GpuError::WarpScanShape {
+        Some(_) if sh.scan_form != ScanForm::Warp => Err(GpuError::SequenceStarts {
             headdim: sh.headdim,
             d_state: sh.d_state,
         }),

@@ -378,7 +378,7 @@ fn already_finished(found: &Found, run: &RunConfig, dir: Option<&RunDir>) -> Run
 /// trimmed to its longest row with `--trim`.
 fn draw(data: &mut Dataset, run: &RunConfig) -> Result<Batch, TrainError> {
     let batch = data.next_batch(run.batch)?;
-    Ok(if run.pack > 1 {
+    Ok(if run.packs() {
         let pad = data.task().map_or(0, Task::pad);
         batch.packed(run.pack, config::TRIM_STEP, pad)
     } else if run.trim {
@@ -460,8 +460,7 @@ fn build_engine(
             ),
             Resolved::Cuda(gpu) => {
                 let (gpu, c, s) = (*gpu, cfg.clone(), &settings);
-                let packed = run.pack > 1;
-                let engine: Box<dyn TrainEngine> = match (run.precision, packed) {
+                let engine: Box<dyn TrainEngine> = match (run.precision, run.packs()) {
                     (Precision::F32, false) => {
                         Box::new(GpuF32Engine::new(gpu, c, &weights, s, rows, width)?)
                     }
@@ -520,7 +519,7 @@ fn start_lines(
         "batch {} x {} tokens{}, {} steps{}, lr {:.1e} (warmup {}, cosine to {:.1e}); run dir {}",
         run.batch,
         data.train_width() - 1,
-        if run.pack > 1 {
+        if run.packs() {
             Cow::Owned(format!(
                 " ({} a row in {} rows, each cut to the fullest)",
                 run.pack,
@@ -758,7 +757,7 @@ fn run_in(
     let (rows, width) = Batch::packed_shape(start.run.batch, data.train_width(), start.run.pack);
     let mut start = start;
     let (mut engine, notice) = build_engine(&mut start, settings, rows, width)?;
-    if start.run.trim || start.run.pack > 1 {
+    if start.run.trim || start.run.packs() {
         engine.capture_widths(&Batch::trimmed_widths(width, config::TRIM_STEP))?;
     }
     let info = engine.info();

@@ -396,6 +396,11 @@ fn is_one_a_row(k: &usize) -> bool {
 pub const TRIM_STEP: usize = 16;
 
 impl RunConfig {
+    /// Whether the run lays several instances to a row (`--pack` above 1).
+    pub fn packs(&self) -> bool {
+        self.pack > 1
+    }
+
     /// The seed the data draws from: `data_seed`, else `seed`.
     pub fn seed_of_data(&self) -> u64 {
         self.data_seed.unwrap_or(self.seed)
