@@ -252,12 +252,13 @@ fn warp_scan_restarts_at_sequence_starts_as_the_reference_does() {
     let (hq, hk, proj, dyh) = (f64s(q), f64s(k_rot), f64s(&la.proj), f64s(&dy));
     let [dt, adt, lam, qk_raw] = scalars.map(&f64s);
     let d_skip = f64s(&lw.d);
-    let (y, dq, dk, dproj, dadt) = (
+    let (y, mut dq, mut dk, dproj, dadt, dqkdot) = (
         f64s(&o.y),
         f64s(&o.dq),
         f64s(&o.dk),
         f64s(&o.dproj),
         f64s(&o.dadt),
+        f64s(&o.dqkdot),
     );
     let dd_gpu: Vec<f64> = gpu_common::scan::dskip(&gpu, &o.dskip_part, sh.batch, sh.nheads)
         .into_iter()
@@ -265,6 +266,19 @@ fn warp_scan_restarts_at_sequence_starts_as_the_reference_does() {
         .collect();
     let (nh, p, n, di, width) = (sh.nheads, sh.headdim, sh.d_state, sh.d_inner, sh.width);
     let off_x = sh.layout.x;
+    // The reference's dq and dk hold the current token's term gamma_t
+    // (dy_t . v_t) k_t (q_t), which the GPU scan leaves to the q . k path
+    // (`dqkdot`, applied with qk_raw's gradient after the scan).
+    for r in 0..batch * len {
+        for h in 0..nh {
+            let gdy = lam[r * nh + h] * dt[r * nh + h] * dqkdot[r * nh + h];
+            let at = (r * nh + h) * n;
+            for j in at..at + n {
+                dq[j] += gdy * hk[j];
+                dk[j] += gdy * hq[j];
+            }
+        }
+    }
     // (got, want) pairs by name, gathered over every (row, head).
     let mut pairs: Vec<(&str, Vec<f64>, Vec<f64>)> = ["y", "dq", "dk", "dv", "dadt"]
         .into_iter()
