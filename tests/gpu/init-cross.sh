@@ -51,7 +51,9 @@
 #     training on the CPU instead, for a smoke test of the script with a
 #     few steps (EDIT_AT=2 AFTER=1 THRESH=0 and f32 pairs).
 #   bash tests/gpu/init-cross.sh rate 2000
-#     `train --trim`'s rate against the padded step's (`rate` below).
+#     `train --trim`'s rate against the padded step's (`rate` below);
+#     PACK=2 MODES="trimmed packed" RUNS=6 FROM=80 ... rate 1500: packing's
+#     rate with six runs under MPS, rows of every size.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.." && . "$here/common.sh"
@@ -310,26 +312,42 @@ pack_runs() {
 }
 
 # `--trim`'s rate against the padded step's: the recipe's seed 1 (bf16, or
-# PREC) trained alone from step 0 to step $1 (default 2000), padded and then
+# PREC) trained from step 0 to step $1 (default 2000), padded and then
 # trimmed, and with PACK=K also packed K a row (`--pack K`), each timed
-# from the process's start to its exit (capture and
-# evaluations included, the same in both), into $OUT/summary-rate.txt.
+# from the processes' start to the last one's exit (capture and
+# evaluations included, the same in every mode), into
+# $OUT/summary-rate.txt. MODES picks the modes (e.g. "trimmed packed");
+# RUNS=N trains seeds 1..N at once under MPS, the table's case, and reports
+# run-steps a second; FROM=M starts the curriculum at M operands (80: rows
+# of every size from the first step, the rate after the curriculum's end).
 rate() {
-  local steps=${1:-2000} prec=${PREC:-bf16} mode dir t0 t1
-  for mode in padded trimmed ${PACK:+packed}; do
-    dir=$work/rate-$mode
-    rm -rf "$dir"
+  local steps=${1:-2000} prec=${PREC:-bf16} runs=${RUNS:-1} mode dir t0 t1 s i
+  local flags=("${recipe[@]}")
+  if [ -n "${FROM:-}" ]; then
+    for i in "${!flags[@]}"; do
+      [ "${flags[$i]}" = --curriculum-start ] && flags[i + 1]=$FROM
+    done
+  fi
+  [ "$runs" -gt 1 ] && start_mps
+  for mode in ${MODES:-padded trimmed ${PACK:+packed}}; do
     t0=$(date +%s.%N)
-    "$bin" train "${recipe[@]}" --chunk-size "$(chunk_of "$prec")" --device "${DEVICE:-cuda}" \
-      --precision "$prec" --lr 1e-3 --min-lr 1e-5 --weight-decay 0.1 --seed 1 \
-      --stop-after "$steps" --run-dir "$dir" --progress plain \
-      $([ $mode = trimmed ] && echo --trim) $([ $mode = packed ] && echo --pack "$PACK") \
-      > "$dir.log" 2>&1 || { tail -5 "$dir.log"; continue; }
+    for s in $(seq 1 "$runs"); do
+      dir=$work/rate-$mode-$s
+      rm -rf "$dir"
+      "$bin" train "${flags[@]}" --chunk-size "$(chunk_of "$prec")" --device "${DEVICE:-cuda}" \
+        --precision "$prec" --lr 1e-3 --min-lr 1e-5 --weight-decay 0.1 --seed "$s" \
+        --stop-after "$steps" --run-dir "$dir" --progress plain \
+        $([ "$mode" = trimmed ] && echo --trim) $([ "$mode" = packed ] && echo --pack "$PACK") \
+        > "$dir.log" 2>&1 &
+    done
+    wait
     t1=$(date +%s.%N)
     python3 -c "import sys; s, a, b = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]); \
-print(f'{sys.argv[4]}: {s} steps in {b - a:.1f} s, {s / (b - a):.1f} steps/s')" \
-      "$steps" "$t0" "$t1" "$mode" | tee -a "$out/summary-rate.txt"
-    grep -h "^stopped" "$dir.log" | tee -a "$out/summary-rate.txt"
+print(f'{sys.argv[4]}: {sys.argv[5]} x {s} steps in {b - a:.1f} s, {int(sys.argv[5]) * s / (b - a):.1f} run-steps/s')" \
+      "$steps" "$t0" "$t1" "$mode${FROM:+ from $FROM operands}" "$runs" | tee -a "$out/summary-rate.txt"
+    for s in $(seq 1 "$runs"); do
+      grep -h "^stopped" "$work/rate-$mode-$s.log" || tail -3 "$work/rate-$mode-$s.log"
+    done | tee -a "$out/summary-rate.txt"
   done
 }
 
