@@ -19,6 +19,7 @@ use half::bf16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use stepgraph::device::Gpu;
+use stepgraph::float::Float;
 use stepgraph::graph::TrainingStep;
 use stepgraph::mamba3::cpu::{self, ScanMode, param_specs};
 use stepgraph::mamba3::gpu::{ModelCompute, StepWeights, backward, forward, zero_grads};
@@ -40,6 +41,46 @@ fn cosine(got: &[f32], want: &[f64]) -> f64 {
         return 1.0;
     }
     dot / (ng.sqrt() * nw.sqrt())
+}
+
+/// Relative L2 error and cosine of two f64 tensors (`want` the reference).
+fn rel_f64(got: &[f64], want: &[f64]) -> f64 {
+    let (num, den) = got.iter().zip(want).fold((0.0, 0.0), |(n, d), (g, w)| {
+        (n + (g - w) * (g - w), d + w * w)
+    });
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+fn cosine_f64(got: &[f64], want: &[f64]) -> f64 {
+    let dot: f64 = got.iter().zip(want).map(|(g, w)| g * w).sum();
+    let (ng, nw) = (
+        got.iter().map(|g| g * g).sum::<f64>(),
+        want.iter().map(|w| w * w).sum::<f64>(),
+    );
+    if ng == 0.0 && nw == 0.0 {
+        return 1.0;
+    }
+    dot / (ng.sqrt() * nw.sqrt())
+}
+
+/// `w` with the tensors the bf16 step keeps bf16 copies of (every
+/// `in_proj` and `out_proj`, the embedding, an untied LM head) rounded as
+/// the step rounds them: to the f32 master, then to bf16.
+fn gemm_weights_in_bf16(cfg: &Mamba3Config, w: &cpu::Weights<f64>) -> cpu::Weights<f64> {
+    let names: Vec<String> = w.named(cfg).into_iter().map(|(s, _)| s.name).collect();
+    let mut out = w.clone();
+    for (t, name) in out.tensors_mut().into_iter().zip(&names) {
+        if ["in_proj", "out_proj", "embedding", "lm_head"]
+            .iter()
+            .any(|k| name.contains(k))
+        {
+            for v in t.iter_mut() {
+                // f64 -> f32 is the master's own rounding, as the step's upload does.
+                *v = f64::from(bf16::from_f32(f32::from_f64(*v)));
+            }
+        }
+    }
+    out
 }
 
 /// `backbone.layers.3.mixer.D` -> `layers.*.mixer.D`.
@@ -85,6 +126,19 @@ struct Bounds {
     grad_rel: f64,
     /// Smallest cosine of every gradient tensor with its reference.
     grad_cos: f64,
+    /// For bf16: a gradient tensor whose exact value itself moves by rel
+    /// `s` (cosine `1 - d`) when only the GEMM weights are rounded to bf16,
+    /// as the step rounds them, is held to `max(grad_rel, c s)` and
+    /// `min(grad_cos, 1 - c d)` with this `c`. A small tensor summed over a
+    /// short batch can cancel to a fraction of its terms, and then no bf16
+    /// step can meet a fixed bound: on the CPU, rounding the GEMM weights
+    /// alone moved `dt_bias`'s gradient (8 values, batch 3 x 20 tokens) by
+    /// rel 6.9e-2 at seed 1221579693, where the H200 step was at 5.9e-2 and
+    /// failed the 5e-2 bound, and by more than 5e-2 at about one seed in
+    /// 150 of each config tried. `c = 3` leaves room for the activations'
+    /// rounding (u, o and the final norm's output, GEMM operands too),
+    /// which adds perturbations of the same size.
+    conditioning: Option<f64>,
 }
 
 /// f32 against f64: tight everywhere.
@@ -93,6 +147,7 @@ const F32_BOUNDS: Bounds = Bounds {
     logits: Some(1e-5),
     grad_rel: 1e-4,
     grad_cos: 0.0,
+    conditioning: None,
 };
 
 /// bf16 mixed precision: the bound on every gradient tensor.
@@ -101,6 +156,7 @@ const BF16_BOUNDS: Bounds = Bounds {
     logits: None,
     grad_rel: 5e-2,
     grad_cos: 0.999,
+    conditioning: Some(3.0),
 };
 
 /// Loss, logits and every gradient of one config against the oracle, at
@@ -127,6 +183,12 @@ fn check_against_oracle<P: ModelCompute>(
     let toks = cpu_tokens(cfg, &ids, batch, len);
     let fwd = cpu::forward(cfg, &w64, &toks, None, ScanMode::Chunked).expect("oracle forward");
     let g64 = cpu::backward(cfg, &w64, &fwd);
+    // The exact gradients again from the GEMM weights the bf16 step holds.
+    let g64_rounded = bounds.conditioning.map(|_| {
+        let w = gemm_weights_in_bf16(cfg, &w64);
+        let f = cpu::forward(cfg, &w, &toks, None, ScanMode::Chunked).expect("oracle forward");
+        cpu::backward(cfg, &w, &f)
+    });
 
     // The same weights and tokens, drawn from the same seed.
     let mut step = random_step::<P>(gpu, cfg, batch, len, seed);
@@ -177,7 +239,12 @@ fn check_against_oracle<P: ModelCompute>(
     }
     let got = step.grads.download(gpu).expect("grads");
     let (mut worst, mut worst_cos) = ((0.0f64, String::new()), (1.0f64, String::new()));
-    for ((spec, want), have) in g64.named(cfg).into_iter().zip(got.tensors()) {
+    let rounded: Vec<Option<&[f64]>> = match &g64_rounded {
+        Some(g) => g.tensors().into_iter().map(Some).collect(),
+        None => vec![None; got.tensors().len()],
+    };
+    for (((spec, want), have), moved) in g64.named(cfg).into_iter().zip(got.tensors()).zip(rounded)
+    {
         let e = gpu_common::rel_err(have, want);
         let c = cosine(have, want);
         record(table, format!("grad {}", family(&spec.name)), e, c);
@@ -187,9 +254,22 @@ fn check_against_oracle<P: ModelCompute>(
         if c < worst_cos.0 {
             worst_cos = (c, spec.name.clone());
         }
-        if !(e <= bounds.grad_rel && c >= bounds.grad_cos) {
+        let (mut rel_bound, mut cos_bound) = (bounds.grad_rel, bounds.grad_cos);
+        if let (Some(k), Some(moved)) = (bounds.conditioning, moved) {
+            let (s, d) = (rel_f64(moved, want), 1.0 - cosine_f64(moved, want));
+            if k * s > rel_bound || 1.0 - k * d < cos_bound {
+                rel_bound = rel_bound.max(k * s);
+                cos_bound = cos_bound.min(1.0 - k * d);
+                println!(
+                    "[{label}] seed {seed}: {} moves by rel {s:.2e} (cosine {:.6}) with the GEMM weights in bf16: held to rel {rel_bound:.2e}, cosine {cos_bound:.6}",
+                    spec.name,
+                    1.0 - d
+                );
+            }
+        }
+        if !(e <= rel_bound && c >= cos_bound) {
             over.push(format!(
-                "[{label}] seed {seed}: gradient {} rel err {e:.3e}, cosine {c:.6}",
+                "[{label}] seed {seed}: gradient {} rel err {e:.3e}, cosine {c:.6} (bounds {rel_bound:.2e}, {cos_bound:.6})",
                 spec.name
             ));
         }
