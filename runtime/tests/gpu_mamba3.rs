@@ -28,35 +28,16 @@ use stepgraph::optim::gpu::advance_schedule;
 use stepgraph::optim::{AdamW, AdamWConfig, DecayPolicy};
 use stepgraph::step::{F32Step, Mamba3Step, adamw_step};
 
-/// Cosine similarity of a GPU tensor with its f64 reference.
-fn cosine(got: &[f32], want: &[f64]) -> f64 {
+/// Cosine similarity of a GPU tensor (or another f64 reference) with its
+/// f64 reference.
+fn cosine<G: Copy + Into<f64>>(got: &[G], want: &[f64]) -> f64 {
     let (mut dot, mut ng, mut nw) = (0.0f64, 0.0f64, 0.0f64);
     for (&g, &w) in got.iter().zip(want) {
-        let g = f64::from(g);
+        let g: f64 = g.into();
         dot += g * w;
         ng += g * g;
         nw += w * w;
     }
-    if ng == 0.0 && nw == 0.0 {
-        return 1.0;
-    }
-    dot / (ng.sqrt() * nw.sqrt())
-}
-
-/// Relative L2 error and cosine of two f64 tensors (`want` the reference).
-fn rel_f64(got: &[f64], want: &[f64]) -> f64 {
-    let (num, den) = got.iter().zip(want).fold((0.0, 0.0), |(n, d), (g, w)| {
-        (n + (g - w) * (g - w), d + w * w)
-    });
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
-}
-
-fn cosine_f64(got: &[f64], want: &[f64]) -> f64 {
-    let dot: f64 = got.iter().zip(want).map(|(g, w)| g * w).sum();
-    let (ng, nw) = (
-        got.iter().map(|g| g * g).sum::<f64>(),
-        want.iter().map(|w| w * w).sum::<f64>(),
-    );
     if ng == 0.0 && nw == 0.0 {
         return 1.0;
     }
@@ -239,12 +220,9 @@ fn check_against_oracle<P: ModelCompute>(
     }
     let got = step.grads.download(gpu).expect("grads");
     let (mut worst, mut worst_cos) = ((0.0f64, String::new()), (1.0f64, String::new()));
-    let rounded: Vec<Option<&[f64]>> = match &g64_rounded {
-        Some(g) => g.tensors().into_iter().map(Some).collect(),
-        None => vec![None; got.tensors().len()],
-    };
-    for (((spec, want), have), moved) in g64.named(cfg).into_iter().zip(got.tensors()).zip(rounded)
-    {
+    let rounded = g64_rounded.as_ref().map(|g| g.tensors());
+    for (i, ((spec, want), have)) in g64.named(cfg).into_iter().zip(got.tensors()).enumerate() {
+        let moved = rounded.as_ref().map(|r| r[i]);
         let e = gpu_common::rel_err(have, want);
         let c = cosine(have, want);
         record(table, format!("grad {}", family(&spec.name)), e, c);
@@ -256,7 +234,7 @@ fn check_against_oracle<P: ModelCompute>(
         }
         let (mut rel_bound, mut cos_bound) = (bounds.grad_rel, bounds.grad_cos);
         if let (Some(k), Some(moved)) = (bounds.conditioning, moved) {
-            let (s, d) = (rel_f64(moved, want), 1.0 - cosine_f64(moved, want));
+            let (s, d) = (gpu_common::rel_err(moved, want), 1.0 - cosine(moved, want));
             if k * s > rel_bound || 1.0 - k * d < cos_bound {
                 rel_bound = rel_bound.max(k * s);
                 cos_bound = cos_bound.min(1.0 - k * d);

@@ -59,12 +59,13 @@ pub fn random(seed: u64, len: usize, scale: f32) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-scale..scale)).collect()
 }
 
-/// ||got - want|| / ||want|| in f64.
-pub fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+/// ||got - want|| / ||want|| in f64 (`got` a GPU tensor, or another f64
+/// reference).
+pub fn rel_err<G: Copy + Into<f64>>(got: &[G], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len(), "length");
     let (mut num, mut den) = (0.0f64, 0.0f64);
     for (g, w) in got.iter().zip(want) {
-        let d = f64::from(*g) - w;
+        let d = (*g).into() - w;
         num += d * d;
         den += w * w;
     }
