@@ -1,16 +1,11 @@
 //! `stepgraph train` from the outside: a tiny run's files and summary, and
 //! one clear line with exit code 1 (2 for usage errors) for each failure.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod cli_common;
 
-fn stepgraph(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_stepgraph"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run stepgraph")
-}
+use cli_common::{ok, stepgraph};
+use std::path::Path;
+use std::process::Output;
 
 /// Flags of a model and job small enough for a debug build, as (flag, value).
 const TINY: &[(&str, &str)] = &[
@@ -65,9 +60,8 @@ fn one_error_line(out: &Output, code: i32, needle: &str) {
 fn a_tiny_run_writes_metrics_plot_and_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let out = tiny(&["--run-dir", "r"], dir.path());
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = ok(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
     // `auto` trains on the GPU where one works, else says it fell back.
     assert!(
         stdout.contains("notice: no usable GPU") || stdout.contains("cuda graph f32"),
@@ -112,11 +106,7 @@ fn a_tiny_run_writes_metrics_plot_and_checkpoint() {
 fn default_run_dir_is_under_runs() {
     let dir = tempfile::tempdir().unwrap();
     let out = tiny(&["--steps", "1", "--progress", "quiet"], dir.path());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     let runs: Vec<_> = std::fs::read_dir(dir.path().join("runs"))
         .unwrap()
         .collect();
@@ -174,7 +164,7 @@ fn a_token_beyond_the_vocab_is_one_line() {
         1,
         "token 5 has id 5, beyond the vocabulary",
     );
-    let ok = tiny(
+    let done = tiny(
         &[
             "--data",
             "tok.u32",
@@ -187,11 +177,7 @@ fn a_token_beyond_the_vocab_is_one_line() {
         ],
         dir.path(),
     );
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    ok(&done);
 }
 
 #[test]
@@ -257,8 +243,7 @@ fn a_resumed_run_keeps_its_training_floor() {
         &["--run-dir", "r", "--steps", "2", "--train-min-len", "3"],
         dir.path(),
     );
-    assert!(first.status.success(), "{first:?}");
-    let stdout = String::from_utf8_lossy(&first.stdout);
+    let stdout = ok(&first);
     assert!(stdout.contains("train sizes 3..=4"), "{stdout}");
     let out = tiny(&["--resume", "r", "--train-min-len", "2"], dir.path());
     usage_error(
@@ -284,8 +269,7 @@ fn a_resumed_run_keeps_its_curriculum_start() {
         ],
         dir.path(),
     );
-    assert!(first.status.success(), "{first:?}");
-    let stdout = String::from_utf8_lossy(&first.stdout);
+    let stdout = ok(&first);
     assert!(
         stdout.contains("largest size growing from 3 over 2 batches"),
         "{stdout}"
@@ -326,11 +310,7 @@ fn a_fresh_run_probes_its_initial_dt_before_the_first_step() {
             ],
             dir.path(),
         );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ok(&out);
         let text = std::fs::read_to_string(dir.path().join(name).join("metrics.jsonl")).unwrap();
         let lines: Vec<serde_json::Value> = text
             .lines()
@@ -376,11 +356,7 @@ fn cpu_losses(dir: &Path, name: &str, extra: &[&str]) -> Vec<f64> {
     let mut args = vec!["--device", "cpu", "--run-dir", name];
     args.extend(extra);
     let out = tiny(&args, dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     losses(&dir.join(name))
 }
 
@@ -427,12 +403,7 @@ fn a_packed_run_says_so_and_trains_as_the_padded_one() {
         ],
         dir.path(),
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = ok(&out);
     assert!(
         stdout.contains("(3 a row in 2 rows, each cut to the fullest)"),
         "{stdout}"
@@ -525,20 +496,14 @@ fn usage_errors_exit_2() {
 fn stop_after_checkpoints_and_resume_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let out = tiny(&["--run-dir", "r", "--stop-after", "3"], dir.path());
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success());
+    let stdout = ok(&out);
     assert!(stdout.contains("stopped: step 3/6"), "{stdout}");
     assert!(
         stdout.contains("resume: stepgraph train --resume r"),
         "{stdout}"
     );
     let out = tiny(&["--resume", "r"], dir.path());
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = ok(&out);
     assert!(
         stdout.contains("resuming at 3") && stdout.contains("done: step 6/6"),
         "{stdout}"
